@@ -1,0 +1,68 @@
+/* Shared definitions for the flexformer C kernels: status codes, size helpers
+ * and the OpenMP shims that let the same sources build serially.
+ * No Python here: the kernels are plain C99 and can be linked anywhere. */
+#ifndef FF_COMMON_H
+#define FF_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Status codes returned by every kernel entry point. */
+enum ff_status {
+    FF_OK = 0,
+    FF_ERR_NOMEM = 1,    /* a workspace allocation failed */
+    FF_ERR_SIZE = 2,     /* a size product overflows size_t */
+    FF_ERR_ARG = 3       /* an argument the caller should have validated */
+};
+
+/* a * b, or report overflow through *ok (left untouched when fine). */
+static inline size_t ff_mul(size_t a, size_t b, int *ok)
+{
+    if (a != 0 && b > SIZE_MAX / a) {
+        *ok = 0;
+        return 0;
+    }
+    return a * b;
+}
+
+static inline size_t ff_add(size_t a, size_t b, int *ok)
+{
+    if (b > SIZE_MAX - a) {
+        *ok = 0;
+        return 0;
+    }
+    return a + b;
+}
+
+/* Number of threads a parallel region should use: 0 means the OpenMP default. */
+static inline int ff_threads(int requested)
+{
+#ifdef _OPENMP
+    return requested > 0 ? requested : omp_get_max_threads();
+#else
+    (void)requested;
+    return 1;
+#endif
+}
+
+static inline int ff_thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* Rows per block: features are computed for this many rows at a time, and the
+ * causal kernels use it as the chunk length of the intra-chunk masked product. */
+#define FF_BLOCK 64
+
+#endif /* FF_COMMON_H */

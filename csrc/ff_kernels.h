@@ -1,0 +1,42 @@
+/* Public C entry points of the flexformer kernels (no Python here).
+ * Every array is C-contiguous; sizes are element counts; every function returns an
+ * ff_status (ff_common.h). `eps` is the denominator guard (see linattn_core.inc);
+ * nthreads <= 0 means the OpenMP default. The _f32 and _f64 variants are the same
+ * source compiled for float and double (kernels.c). */
+#ifndef FF_KERNELS_H
+#define FF_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+int ff_openmp_enabled(void);
+int ff_max_threads(void);
+
+#define FF_DECLARE_FLEX(real, sfx)                                                          \
+    int flex_s_attention_forward_##sfx(                                                     \
+        real *out, int64_t *guard_count, const real *q, const real *k, const real *v,      \
+        const real *omega, const uint8_t *key_mask, size_t B, size_t H, size_t Nq,          \
+        size_t Nk, size_t d, size_t e, size_t m, int causal, real eps, int nthreads);       \
+    int flex_s_attention_backward_##sfx(                                                    \
+        real *dq, real *dk, real *dv, real *domega, real *out, int64_t *guard_count,        \
+        const real *dout, const real *q, const real *k, const real *v, const real *omega,   \
+        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,       \
+        size_t e, size_t m, int causal, real eps, int nthreads);                            \
+    int flex_n_attention_forward_##sfx(                                                     \
+        real *out, int64_t *guard_count, const real *q, const real *k, const real *v,      \
+        const real *omega1, const real *omega2, const real *tau, const uint8_t *key_mask,   \
+        size_t B, size_t H, size_t Nq, size_t Nk, size_t d, size_t e, size_t m, int causal, \
+        real eps, int nthreads);                                                            \
+    int flex_n_attention_backward_##sfx(                                                    \
+        real *dq, real *dk, real *dv, real *domega1, real *domega2, real *dtau, real *out,  \
+        int64_t *guard_count, const real *dout, const real *q, const real *k,               \
+        const real *v, const real *omega1, const real *omega2, const real *tau,             \
+        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
+        size_t e, size_t m, int causal, real eps, int nthreads);
+
+FF_DECLARE_FLEX(float, f32)
+FF_DECLARE_FLEX(double, f64)
+
+#undef FF_DECLARE_FLEX
+
+#endif /* FF_KERNELS_H */

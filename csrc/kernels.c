@@ -1,0 +1,53 @@
+/* Instantiates every kernel body twice, once per dtype: the bodies (*.inc) are
+ * written against `real` and name their functions through FF(). */
+#include "ff_common.h"
+#include "ff_kernels.h"
+
+#define FF(name) name##_f32
+#define real float
+#define R_EXP expf
+#define R_SIN sinf
+#define R_COS cosf
+#include "dense.inc"
+#include "featmap.inc"
+#include "featmap_flex.inc"
+#include "linattn_core.inc"
+#include "flex_attention.inc"
+#undef FF
+#undef real
+#undef R_EXP
+#undef R_SIN
+#undef R_COS
+#undef FF_ROW_DEN
+#undef FF_ROW_G
+#undef FF_ROW_M
+#undef FF_ROW_ALPHA
+#undef FF_ROW_R
+#undef FF_ROW_AUX
+#undef FF_COL
+#undef FF_VISIBLE
+
+#define FF(name) name##_f64
+#define real double
+#define R_EXP exp
+#define R_SIN sin
+#define R_COS cos
+#include "dense.inc"
+#include "featmap.inc"
+#include "featmap_flex.inc"
+#include "linattn_core.inc"
+#include "flex_attention.inc"
+
+int ff_openmp_enabled(void)
+{
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int ff_max_threads(void)
+{
+    return ff_threads(0);
+}

@@ -1,0 +1,51 @@
+"""flexformer: learnable-kernel linear attention (Flexformer) with C kernels and a NumPy API.
+
+Quick start::
+
+    import numpy as np, flexformer as ff
+    q = k = v = np.random.default_rng(0).standard_normal((1, 2, 128, 16))
+    omega = ff.init.flex_s_omega(2, 32, 16, rng=0)
+    out = ff.flex_s_attention(q, k, v, omega, causal=True)
+"""
+from . import _C
+from . import init, reference, testing
+from .attention import (
+    DEFAULT_EPS,
+    flex_n_attention,
+    flex_n_attention_backward,
+    flex_s_attention,
+    flex_s_attention_backward,
+)
+
+__version__ = "0.1.0"
+
+
+def openmp_enabled() -> bool:
+    """True when the C kernels were built with OpenMP (False: serial build)."""
+    return bool(_C.openmp_enabled())
+
+
+def set_num_threads(n: int) -> None:
+    """Threads for later kernel calls from any Python thread; 0 restores the OpenMP default
+    (``OMP_NUM_THREADS`` or the core count). Has no effect in a serial build."""
+    _C.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    """Threads the kernels will use (1 in a serial build)."""
+    return int(_C.get_num_threads())
+
+
+__all__ = [
+    "DEFAULT_EPS",
+    "flex_n_attention",
+    "flex_n_attention_backward",
+    "flex_s_attention",
+    "flex_s_attention_backward",
+    "get_num_threads",
+    "init",
+    "openmp_enabled",
+    "reference",
+    "set_num_threads",
+    "testing",
+]

@@ -1,0 +1,184 @@
+"""Flexformer attention: the public NumPy-in / NumPy-out functions over the C kernels.
+
+Shapes (per call): ``q`` (B, H, Nq, d), ``k`` (B, H, Nk, d), ``v`` (B, H, Nk, e),
+``out`` (B, H, Nq, e); ``omega``, ``omega1``, ``omega2`` (H, m, d); ``tau`` (H,);
+``key_mask`` (B, Nk) bool with True = attend. All float arrays share one dtype,
+float32 or float64, and the results come back in it. Inputs are never modified;
+non-contiguous inputs are copied. Argument checks happen in the C glue, which raises
+``TypeError`` (dtype) or ``ValueError`` (shape, value) naming the argument.
+
+Numerics shared by both variants (details in ``csrc/linattn_core.inc``):
+
+* phi(x) = exp(s(x)) f(x). The query factor exp(s(q)) cancels in the ratio and is
+  never formed; the key factor is shifted by the running maximum of s over the keys a
+  row can see (all keys when bidirectional, keys j <= i when causal), so inputs with
+  |x|^2 / (2 sqrt d) in the hundreds stay finite in float32, and a late key never
+  changes an earlier causal row.
+* Denominator guard: the feature vectors satisfy |f(x)| <= 1, so the denominator
+  den_i = sum_j w_ij f(q_i).f(k_j) never exceeds R_i = sum_j w_ij in magnitude. Where
+  den_i < eps * R_i (random trig features can make it tiny or negative) the row is
+  divided by eps * R_i instead. The backward differentiates exactly this guarded
+  function. ``return_guard_count=True`` reports how many rows hit the guard.
+* A query row that sees no unmasked key gets zeros, with zero gradient.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+from . import _C
+
+DEFAULT_EPS = 1e-4
+
+ArrayOrPair = Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]
+
+
+def _check_flags(causal: bool, eps: float) -> None:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+
+
+def flex_s_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    omega: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+    return_guard_count: bool = False,
+) -> ArrayOrPair:
+    """Flexformer_s (stationary) linear attention.
+
+    phi(x) = exp(|x|^2 / (2 sqrt d)) m^(-1/2) [cos(W x), sin(W x)] with learnable
+    frequencies W = ``omega[h]`` (m, d) per head; output row i is
+    sum_j k(q_i, k_j) v_j / sum_j k(q_i, k_j) with k(x, y) = phi(x).phi(y), over all
+    unmasked keys (or keys j <= i when ``causal``), computed in O(N) time and memory.
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        Queries (B, H, Nq, d), keys (B, H, Nk, d), values (B, H, Nk, e); float32 or
+        float64, all the same dtype.
+    omega : ndarray
+        Spectral frequencies (H, m, d), m >= 1, finite.
+    causal : bool, optional
+        Row i sees only keys j <= i. Needs Nq == Nk.
+    key_mask : ndarray of bool, optional
+        (B, Nk); False keys count in neither numerator nor denominator.
+    eps : float, optional
+        Denominator guard (module docstring); finite and > 0. Default 1e-4.
+    return_guard_count : bool, optional
+        Also return an int64 array (B, H) counting the rows that hit the guard.
+
+    Returns
+    -------
+    out : ndarray
+        (B, H, Nq, e) in the input dtype; ``(out, guard_count)`` when
+        ``return_guard_count``.
+    """
+    _check_flags(causal, eps)
+    out, guard = _C.flex_s_forward(q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return (out, guard) if return_guard_count else out
+
+
+def flex_s_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    omega: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of :func:`flex_s_attention` (recomputes the forward pass).
+
+    Parameters
+    ----------
+    dout : ndarray
+        Gradient of the loss with respect to the output, (B, H, Nq, e).
+    q, k, v, omega, causal, key_mask, eps
+        As in :func:`flex_s_attention`.
+
+    Returns
+    -------
+    dq, dk, dv, domega : ndarray
+        Same shapes and dtype as q, k, v and omega. Masked keys get zero gradient.
+    """
+    _check_flags(causal, eps)
+    return _C.flex_s_backward(dout, q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+
+
+def flex_n_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    omega1: np.ndarray,
+    omega2: np.ndarray,
+    tau: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+    return_guard_count: bool = False,
+) -> ArrayOrPair:
+    """Flexformer_n (nonstationary, Yaglom) linear attention.
+
+    phi(x) = exp(|x|^2 / exp(tau)) (4m)^(-1/2)
+    [cos(A x) + cos(B x), sin(A x) + sin(B x)] with learnable frequency pairs
+    A = ``omega1[h]``, B = ``omega2[h]`` (m, d) and scale ``tau[h]`` per head.
+    With A = B and tau = log(2 sqrt d) it equals :func:`flex_s_attention`.
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        Queries (B, H, Nq, d), keys (B, H, Nk, d), values (B, H, Nk, e).
+    omega1, omega2 : ndarray
+        Frequency pairs (H, m, d), finite.
+    tau : ndarray
+        (H,), finite: log of the norm-factor scale.
+    causal, key_mask, eps, return_guard_count
+        As in :func:`flex_s_attention`.
+
+    Returns
+    -------
+    out : ndarray
+        (B, H, Nq, e); ``(out, guard_count)`` when ``return_guard_count``.
+    """
+    _check_flags(causal, eps)
+    out, guard = _C.flex_n_forward(
+        q, k, v, omega1, omega2, tau, key_mask=key_mask, causal=bool(causal), eps=float(eps)
+    )
+    return (out, guard) if return_guard_count else out
+
+
+def flex_n_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    omega1: np.ndarray,
+    omega2: np.ndarray,
+    tau: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of :func:`flex_n_attention` (recomputes the forward pass).
+
+    Returns
+    -------
+    dq, dk, dv, domega1, domega2, dtau : ndarray
+        Same shapes and dtype as q, k, v, omega1, omega2 and tau.
+    """
+    _check_flags(causal, eps)
+    return _C.flex_n_backward(
+        dout, q, k, v, omega1, omega2, tau, key_mask=key_mask, causal=bool(causal), eps=float(eps)
+    )

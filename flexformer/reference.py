@@ -1,0 +1,116 @@
+"""Plain NumPy reference twins of the kernels, in quadratic form.
+
+These build the explicit (Nq, Nk) kernel matrix from the literal feature maps
+phi(x) = exp(s(x)) f(x) (no stabilisation), so they are independent of the C code's
+linear form, chunking and scaling. They are meant for tests and for reading, at
+small N and moderate norms (exp(s) must not overflow float64).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+
+def flex_s_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """phi(x) = exp(|x|^2 / (2 sqrt d)) m^-1/2 [cos(W x), sin(W x)]: (B, H, N, 2m)."""
+    x = np.asarray(x, dtype=np.float64)
+    omega = np.asarray(omega, dtype=np.float64)
+    d, m = x.shape[-1], omega.shape[1]
+    proj = np.einsum("bhnd,hmd->bhnm", x, omega)
+    scale = np.exp((x * x).sum(-1, keepdims=True) / (2.0 * np.sqrt(d))) / np.sqrt(m)
+    return scale * np.concatenate([np.cos(proj), np.sin(proj)], axis=-1)
+
+
+def flex_n_phi(x: np.ndarray, omega1: np.ndarray, omega2: np.ndarray, tau: np.ndarray) -> np.ndarray:
+    """phi(x) = exp(|x|^2 / exp(tau)) (4m)^-1/2 [cos(Ax) + cos(Bx), sin(Ax) + sin(Bx)]."""
+    x = np.asarray(x, dtype=np.float64)
+    m = omega1.shape[1]
+    pa = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega1, dtype=np.float64))
+    pb = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega2, dtype=np.float64))
+    tau = np.asarray(tau, dtype=np.float64)[None, :, None, None]
+    scale = np.exp((x * x).sum(-1, keepdims=True) / np.exp(tau)) / np.sqrt(4.0 * m)
+    return scale * np.concatenate([np.cos(pa) + np.cos(pb), np.sin(pa) + np.sin(pb)], axis=-1)
+
+
+def kernel_attention(
+    phi_q: np.ndarray,
+    phi_k: np.ndarray,
+    v: np.ndarray,
+    bound_q: np.ndarray,
+    bound_k: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = 1e-4,
+):
+    """Normalised kernel attention from explicit features, with the documented guard.
+
+    K = phi_q phi_k^T (B, H, Nq, Nk); den_i = sum_j K_ij over visible keys; the guard
+    compares den_i with eps * sum_j bound_q_i bound_k_j, where bound = exp(s(x)) bounds
+    |phi(x)| (|f| <= 1). Returns (out, guarded) with guarded a bool (B, H, Nq).
+    """
+    v = np.asarray(v, dtype=np.float64)
+    K = np.einsum("bhif,bhjf->bhij", phi_q, phi_k)
+    Rb = bound_q[..., :, None] * bound_k[..., None, :]
+    Nq, Nk = K.shape[-2:]
+    visible = np.ones(K.shape, dtype=bool)
+    if key_mask is not None:
+        visible &= np.asarray(key_mask, dtype=bool)[:, None, None, :]
+    if causal:
+        visible &= np.tril(np.ones((Nq, Nk), dtype=bool))
+    K = np.where(visible, K, 0.0)
+    Rb = np.where(visible, Rb, 0.0)
+    den = K.sum(-1)
+    R = Rb.sum(-1)
+    guarded = (den < eps * R) & (R > 0)
+    g = np.where(guarded, eps * R, den)
+    g = np.where(R > 0, g, 1.0)
+    out = np.einsum("bhij,bhje->bhie", K, v) / g[..., None]
+    return out, guarded
+
+
+def _bound(x: np.ndarray, coef) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return np.exp((x * x).sum(-1) * coef)
+
+
+def flex_s_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4):
+    """Quadratic-form twin of :func:`flexformer.flex_s_attention` (float64 result)."""
+    coef = 1.0 / (2.0 * np.sqrt(q.shape[-1]))
+    out, _ = kernel_attention(
+        flex_s_phi(q, omega), flex_s_phi(k, omega), v, _bound(q, coef), _bound(k, coef),
+        causal=causal, key_mask=key_mask, eps=eps,
+    )
+    return out
+
+
+def flex_n_attention(q, k, v, omega1, omega2, tau, *, causal=False, key_mask=None, eps=1e-4):
+    """Quadratic-form twin of :func:`flexformer.flex_n_attention` (float64 result)."""
+    coef = np.exp(-np.asarray(tau, dtype=np.float64))[None, :, None]
+    out, _ = kernel_attention(
+        flex_n_phi(q, omega1, omega2, tau), flex_n_phi(k, omega1, omega2, tau), v,
+        _bound(q, coef), _bound(k, coef), causal=causal, key_mask=key_mask, eps=eps,
+    )
+    return out
+
+
+def softmax_attention(q, k, v, *, causal=False, key_mask=None, scale=None):
+    """Exact softmax attention softmax(q k^T * scale) v, scale = 1/sqrt(d) by default."""
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    logits = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    Nq, Nk = logits.shape[-2:]
+    visible = np.ones(logits.shape, dtype=bool)
+    if key_mask is not None:
+        visible &= np.asarray(key_mask, dtype=bool)[:, None, None, :]
+    if causal:
+        visible &= np.tril(np.ones((Nq, Nk), dtype=bool))
+    logits = np.where(visible, logits, -np.inf)
+    top = logits.max(-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    w = np.exp(logits - top)
+    den = w.sum(-1, keepdims=True)
+    return np.einsum("bhij,bhje->bhie", w, v) / np.where(den > 0, den, 1.0)

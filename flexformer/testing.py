@@ -1,0 +1,122 @@
+"""Numerical gradient checks for use in your own tests (pytest or plain asserts).
+
+Example::
+
+    from flexformer.testing import gradcheck
+    gradcheck(flexformer.flex_s_attention, flexformer.flex_s_attention_backward,
+              (q, k, v, omega), names=("q", "k", "v", "omega"),
+              kwargs={"causal": True})
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .init import RngLike, as_generator
+
+
+def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1e-6) -> np.ndarray:
+    """Central finite differences of ``loss()`` with respect to the array ``x``.
+
+    ``x`` is perturbed in place one element at a time and restored exactly.
+    """
+    grad = np.zeros_like(x, dtype=np.float64)
+    flat, gflat = x.reshape(-1), grad.reshape(-1)
+    if not np.shares_memory(flat, x):
+        raise ValueError("x must be contiguous so it can be perturbed in place")
+    for i in range(flat.size):
+        orig = flat[i]
+        flat[i] = orig + step
+        up = loss()
+        flat[i] = orig - step
+        down = loss()
+        flat[i] = orig
+        gflat[i] = (up - down) / (2.0 * step)
+    return grad
+
+
+def gradcheck(
+    forward: Callable[..., np.ndarray],
+    backward: Callable[..., Sequence[np.ndarray]],
+    inputs: Sequence[np.ndarray],
+    *,
+    names: Optional[Sequence[str]] = None,
+    kwargs: Optional[Mapping] = None,
+    wrt: Optional[Sequence[int]] = None,
+    dout: Optional[np.ndarray] = None,
+    rng: RngLike = 0,
+    step: float = 1e-6,
+    rtol: float = 1e-6,
+    atol: float = 1e-12,
+    raise_on_failure: bool = True,
+) -> Dict[str, float]:
+    """Compare an analytic backward with central finite differences, in float64.
+
+    The scalar checked is L = sum(dout * forward(*inputs, **kwargs)) with a random
+    ``dout`` (or the one given); ``backward(dout, *inputs, **kwargs)`` must return the
+    gradients of L with respect to ``inputs`` in the same order.
+
+    Parameters
+    ----------
+    forward, backward : callable
+        The function and its gradient, e.g. ``flex_s_attention`` and
+        ``flex_s_attention_backward``.
+    inputs : sequence of ndarray
+        float64 arrays; they are copied, never modified.
+    names : sequence of str, optional
+        Labels for the report (default ``x0, x1, ...``).
+    kwargs : mapping, optional
+        Extra keyword arguments for both callables.
+    wrt : sequence of int, optional
+        Indices of the inputs to check (default: all).
+    dout : ndarray, optional
+        The output cotangent; default standard normal from ``rng``.
+    step, rtol, atol : float
+        Finite-difference step; a gradient passes when
+        max|numeric - analytic| <= rtol * max|numeric| + atol.
+    raise_on_failure : bool
+        Raise ``AssertionError`` listing the failures (default) or just report.
+
+    Returns
+    -------
+    dict
+        name -> relative error max|numeric - analytic| / max|numeric| for each input.
+    """
+    kwargs = dict(kwargs or {})
+    xs = [np.array(x, dtype=np.float64, copy=True, order="C") for x in inputs]
+    for i, x in enumerate(inputs):
+        if np.asarray(x).dtype != np.float64:
+            raise TypeError(f"gradcheck needs float64 inputs; input {i} is {np.asarray(x).dtype}")
+    names = list(names) if names is not None else [f"x{i}" for i in range(len(xs))]
+    if len(names) != len(xs):
+        raise ValueError(f"names has {len(names)} entries for {len(xs)} inputs")
+    wrt = list(range(len(xs))) if wrt is None else list(wrt)
+    out = np.asarray(forward(*xs, **kwargs))
+    if dout is None:
+        dout = as_generator(rng).standard_normal(out.shape)
+    dout = np.asarray(dout, dtype=np.float64)
+    if dout.shape != out.shape:
+        raise ValueError(f"dout must have the output's shape {out.shape}, got {dout.shape}")
+    analytic = backward(dout, *xs, **kwargs)
+    if len(analytic) != len(xs):
+        raise ValueError(f"backward returned {len(analytic)} gradients for {len(xs)} inputs")
+
+    def loss() -> float:
+        return float(np.sum(dout * forward(*xs, **kwargs)))
+
+    report, failures = {}, []
+    for i in wrt:
+        numeric = numerical_gradient(loss, xs[i], step)
+        got = np.asarray(analytic[i], dtype=np.float64)
+        if got.shape != numeric.shape:
+            failures.append(f"{names[i]}: gradient shape {got.shape}, expected {numeric.shape}")
+            continue
+        err = float(np.max(np.abs(numeric - got))) if numeric.size else 0.0
+        scale = float(np.max(np.abs(numeric))) if numeric.size else 0.0
+        report[names[i]] = err / scale if scale > 0 else err
+        if err > rtol * scale + atol:
+            failures.append(f"{names[i]}: max abs error {err:.3e} vs max |grad| {scale:.3e} (rtol {rtol:g})")
+    if failures and raise_on_failure:
+        raise AssertionError("gradcheck failed:\n  " + "\n  ".join(failures))
+    return report
