@@ -7,6 +7,8 @@ Quick start::
     omega = ff.init.flex_s_omega(2, 32, 16, rng=0)
     out = ff.flex_s_attention(q, k, v, omega, causal=True)
 """
+import numpy as np
+
 from . import _C
 from . import init, reference, testing
 from .attention import (
@@ -28,6 +30,8 @@ def openmp_enabled() -> bool:
 def set_num_threads(n: int) -> None:
     """Threads for later kernel calls from any Python thread; 0 restores the OpenMP default
     (``OMP_NUM_THREADS`` or the core count). Has no effect in a serial build."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
     _C.set_num_threads(int(n))
 
 

@@ -1,0 +1,69 @@
+"""Thread-count consistency, concurrent calls, reference counts."""
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+
+from conftest import make_inputs, random_mask
+
+
+def all_calls(x, mask, causal):
+    dout = np.ones(x["q"].shape[:3] + (x["v"].shape[3],), dtype=x["q"].dtype)
+    return [
+        ff.flex_s_attention(x["q"], x["k"], x["v"], x["omega"], causal=causal, key_mask=mask),
+        ff.flex_n_attention(x["q"], x["k"], x["v"], x["omega1"], x["omega2"], x["tau"], causal=causal,
+                            key_mask=mask),
+        *ff.flex_s_attention_backward(dout, x["q"], x["k"], x["v"], x["omega"], causal=causal, key_mask=mask),
+        *ff.flex_n_attention_backward(dout, x["q"], x["k"], x["v"], x["omega1"], x["omega2"], x["tau"],
+                                      causal=causal, key_mask=mask),
+    ]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)])
+def test_one_and_two_threads_agree(causal, dtype, tol):
+    if not ff.openmp_enabled():
+        pytest.skip("serial build")
+    x = make_inputs(B=3, H=3, Nq=100, d=6, e=4, m=5, dtype=dtype, seed=40)
+    mask = random_mask(3, 100)
+    ff.set_num_threads(1)
+    try:
+        one = all_calls(x, mask, causal)
+        ff.set_num_threads(2)
+        assert ff.get_num_threads() == 2
+        two = all_calls(x, mask, causal)
+    finally:
+        ff.set_num_threads(0)
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.max(np.abs(a)))
+
+
+def test_concurrent_python_threads_match_serial():
+    inputs = [make_inputs(B=2, H=2, Nq=130, seed=s) for s in range(6)]
+    serial = [all_calls(x, None, True) for x in inputs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = list(pool.map(lambda x: all_calls(x, None, True), inputs * 2))
+    for i, got in enumerate(parallel):
+        for a, b in zip(serial[i % 6], got):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_reference_counts_stable():
+    x = make_inputs(B=1, H=2, Nq=8, seed=41)
+    mask = random_mask(1, 8)
+    dout = np.ones((1, 2, 8, 4))
+    tracked = list(x.values()) + [mask, dout]
+    before = [sys.getrefcount(a) for a in tracked]
+    for _ in range(1000):
+        ff.flex_s_attention(x["q"], x["k"], x["v"], x["omega"], key_mask=mask, causal=True)
+        ff.flex_n_attention_backward(dout, x["q"], x["k"], x["v"], x["omega1"], x["omega2"], x["tau"],
+                                     key_mask=mask)
+        try:  # failing calls must release what they converted, too
+            ff.flex_n_attention(x["q"], x["k"], x["v"], x["omega1"], x["omega2"], x["tau"][:1])
+        except ValueError:
+            pass
+    after = [sys.getrefcount(a) for a in tracked]
+    assert before == after
