@@ -61,6 +61,15 @@ static inline int ff_thread_id(void)
 #endif
 }
 
+/* Hot loops get extra copies for newer x86-64 levels, picked at load time (GCC's
+ * function multiversioning); the default copy runs everywhere. FF_NO_CLONES disables. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(FF_NO_CLONES) && (__GNUC__ >= 11)
+#define FF_HOT __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define FF_HOT
+#endif
+
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */
 #define FF_BLOCK 64

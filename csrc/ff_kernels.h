@@ -32,7 +32,8 @@ int ff_max_threads(void);
         int64_t *guard_count, const real *dout, const real *q, const real *k,               \
         const real *v, const real *omega1, const real *omega2, const real *tau,             \
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
-        size_t e, size_t m, int causal, real eps, int nthreads);
+        size_t e, size_t m, int causal, real eps, int nthreads);                            \
+    void ff_sincos_##sfx(real *s, real *c, const real *x, size_t n);
 
 FF_DECLARE_FLEX(float, f32)
 FF_DECLARE_FLEX(double, f64)

@@ -8,16 +8,22 @@
 #define R_EXP expf
 #define R_SIN sinf
 #define R_COS cosf
+#define R_FABS fabsf
+#define FF_DOUBLE 0
 #include "dense.inc"
+#include "trig.inc"
 #include "featmap.inc"
 #include "featmap_flex.inc"
 #include "linattn_core.inc"
 #include "flex_attention.inc"
+#include "trig_export.inc"
 #undef FF
 #undef real
 #undef R_EXP
 #undef R_SIN
 #undef R_COS
+#undef R_FABS
+#undef FF_DOUBLE
 #undef FF_ROW_DEN
 #undef FF_ROW_G
 #undef FF_ROW_M
@@ -32,11 +38,15 @@
 #define R_EXP exp
 #define R_SIN sin
 #define R_COS cos
+#define R_FABS fabs
+#define FF_DOUBLE 1
 #include "dense.inc"
+#include "trig.inc"
 #include "featmap.inc"
 #include "featmap_flex.inc"
 #include "linattn_core.inc"
 #include "flex_attention.inc"
+#include "trig_export.inc"
 
 int ff_openmp_enabled(void)
 {

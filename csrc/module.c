@@ -449,6 +449,41 @@ static PyObject *py_flex_n_backward(PyObject *self, PyObject *args, PyObject *kw
     return flex_entry(args, kw, 1, 1);
 }
 
+/* ------------------------------------------------------------- test hooks */
+
+/* _sincos(x) -> (sin(x), cos(x)) through the kernels' vectorised trig, x 1-d float32/64 */
+static PyObject *py_sincos(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *result = NULL;
+    PyArrayObject *x0 = as_ndarray(arg, "x"), *x = NULL, *s = NULL, *c = NULL;
+    if (!x0)
+        return NULL;
+    const int t = PyArray_TYPE(x0);
+    if (t != NPY_FLOAT && t != NPY_DOUBLE) {
+        PyErr_SetString(PyExc_TypeError, "x must have dtype float32 or float64");
+        goto cleanup;
+    }
+    if (!(x = to_array((PyObject *)x0, "x", t, 1, "(n,)")))
+        goto cleanup;
+    npy_intp n = PyArray_DIM(x, 0);
+    s = (PyArrayObject *)PyArray_EMPTY(1, &n, t, 0);
+    c = (PyArrayObject *)PyArray_EMPTY(1, &n, t, 0);
+    if (!s || !c)
+        goto cleanup;
+    if (t == NPY_FLOAT)
+        ff_sincos_f32(PyArray_DATA(s), PyArray_DATA(c), PyArray_DATA(x), (size_t)n);
+    else
+        ff_sincos_f64(PyArray_DATA(s), PyArray_DATA(c), PyArray_DATA(x), (size_t)n);
+    result = PyTuple_Pack(2, s, c);
+cleanup:
+    Py_XDECREF(x0);
+    Py_XDECREF(x);
+    Py_XDECREF(s);
+    Py_XDECREF(c);
+    return result;
+}
+
 /* ------------------------------------------------------------------ threads */
 
 static PyObject *py_openmp_enabled(PyObject *self, PyObject *noargs)
@@ -490,6 +525,7 @@ static PyMethodDef methods[] = {
     {"flex_n_backward", (PyCFunction)(void (*)(void))py_flex_n_backward,
      METH_VARARGS | METH_KEYWORDS,
      "flex_n attention backward -> (dq, dk, dv, domega1, domega2, dtau)"},
+    {"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},
     {"openmp_enabled", py_openmp_enabled, METH_NOARGS, "True when built with OpenMP"},
     {"set_num_threads", py_set_num_threads, METH_O, "threads for later kernel calls (0 = default)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads kernel calls will use"},
