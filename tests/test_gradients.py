@@ -99,3 +99,15 @@ def test_masked_keys_get_zero_gradient():
         hidden = ~mask[:, None, :, None]
         assert not np.any(dk * hidden) and not np.any(dv * hidden)
         assert np.any(dk) and np.any(dv)
+
+
+@pytest.mark.parametrize("check", [check_s, check_n], ids=["flex_s", "flex_n"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_gradients_single_head_split_over_threads(check, causal, threads):
+    # B*H = 1 < 2 threads: the sequence is cut into segments (prefix and suffix states
+    # combined across segments); N = 140 gives three chunks.
+    x = make_inputs(B=1, H=1, Nq=140, d=2, e=2, m=2, seed=30)
+    mask = random_mask(1, 140, seed=31)
+    mask[0, :70] = False  # the first segment has no visible key at all
+    check(x, causal=causal, key_mask=mask)
+    check(x, causal=causal)

@@ -67,3 +67,25 @@ def test_reference_counts_stable():
             pass
     after = [sys.getrefcount(a) for a in tracked]
     assert before == after
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("Nq,Nk", [(300, 300), (200, 70), (70, 200)])
+def test_single_pair_split_matches_serial_and_reference(causal, Nq, Nk):
+    if causal and Nq != Nk:
+        pytest.skip("causal needs Nq == Nk")
+    x = make_inputs(B=1, H=1, Nq=Nq, Nk=Nk, d=5, e=3, m=4, seed=42)
+    mask = random_mask(1, Nk, seed=43)
+    mask[0, 64:140] = False
+    try:
+        ff.set_num_threads(1)
+        one = all_calls(x, mask, causal)
+        ff.set_num_threads(2)
+        two = all_calls(x, mask, causal)
+    finally:
+        ff.set_num_threads(0)
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * np.max(np.abs(a)))
+    want = ff.reference.flex_n_attention(x["q"], x["k"], x["v"], x["omega1"], x["omega2"], x["tau"],
+                                         causal=causal, key_mask=mask)
+    np.testing.assert_allclose(two[1], want, rtol=1e-10, atol=1e-12)
