@@ -63,7 +63,7 @@ static inline int ff_thread_id(void)
 
 /* Hot loops get extra copies for newer x86-64 levels, picked at load time (GCC's
  * function multiversioning); the default copy runs everywhere. FF_NO_CLONES disables. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
     !defined(FF_NO_CLONES) && (__GNUC__ >= 11)
 #define FF_HOT __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else

@@ -33,6 +33,17 @@ def flex_n_phi(x: np.ndarray, omega1: np.ndarray, omega2: np.ndarray, tau: np.nd
     return scale * np.concatenate([np.cos(pa) + np.cos(pb), np.sin(pa) + np.sin(pb)], axis=-1)
 
 
+def visible_pairs(shape, *, causal: bool = False, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """Bool (B, H, Nq, Nk): which keys each query row attends to."""
+    Nq, Nk = shape[-2:]
+    visible = np.ones(shape, dtype=bool)
+    if key_mask is not None:
+        visible &= np.asarray(key_mask, dtype=bool)[:, None, None, :]
+    if causal:
+        visible &= np.tril(np.ones((Nq, Nk), dtype=bool))
+    return visible
+
+
 def kernel_attention(
     phi_q: np.ndarray,
     phi_k: np.ndarray,
@@ -53,12 +64,7 @@ def kernel_attention(
     v = np.asarray(v, dtype=np.float64)
     K = np.einsum("bhif,bhjf->bhij", phi_q, phi_k)
     Rb = bound_q[..., :, None] * bound_k[..., None, :]
-    Nq, Nk = K.shape[-2:]
-    visible = np.ones(K.shape, dtype=bool)
-    if key_mask is not None:
-        visible &= np.asarray(key_mask, dtype=bool)[:, None, None, :]
-    if causal:
-        visible &= np.tril(np.ones((Nq, Nk), dtype=bool))
+    visible = visible_pairs(K.shape, causal=causal, key_mask=key_mask)
     K = np.where(visible, K, 0.0)
     Rb = np.where(visible, Rb, 0.0)
     den = K.sum(-1)
@@ -102,12 +108,7 @@ def softmax_attention(q, k, v, *, causal=False, key_mask=None, scale=None):
     v = np.asarray(v, dtype=np.float64)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     logits = np.einsum("bhid,bhjd->bhij", q, k) * scale
-    Nq, Nk = logits.shape[-2:]
-    visible = np.ones(logits.shape, dtype=bool)
-    if key_mask is not None:
-        visible &= np.asarray(key_mask, dtype=bool)[:, None, None, :]
-    if causal:
-        visible &= np.tril(np.ones((Nq, Nk), dtype=bool))
+    visible = visible_pairs(logits.shape, causal=causal, key_mask=key_mask)
     logits = np.where(visible, logits, -np.inf)
     top = logits.max(-1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
