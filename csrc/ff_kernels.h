@@ -33,7 +33,51 @@ int ff_max_threads(void);
         const real *v, const real *omega1, const real *omega2, const real *tau,             \
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
         size_t e, size_t m, int causal, real eps, int nthreads);                            \
-    void ff_sincos_##sfx(real *s, real *c, const real *x, size_t n);
+    void ff_sincos_##sfx(real *s, real *c, const real *x, size_t n);                       \
+    int performer_attention_forward_##sfx(                                                  \
+        real *out, int64_t *guard_count, const real *q, const real *k, const real *v,      \
+        const real *omega, const uint8_t *key_mask, size_t B, size_t H, size_t Nq,          \
+        size_t Nk, size_t d, size_t e, size_t m, int causal, real eps, int nthreads);       \
+    int performer_attention_backward_##sfx(                                                 \
+        real *dq, real *dk, real *dv, real *out, int64_t *guard_count, const real *dout,    \
+        const real *q, const real *k, const real *v, const real *omega,                     \
+        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
+        size_t e, size_t m, int causal, real eps, int nthreads);                            \
+    int hedgehog_attention_forward_##sfx(                                                   \
+        real *out, int64_t *guard_count, const real *q, const real *k, const real *v,      \
+        const real *W, const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk,   \
+        size_t d, size_t e, size_t m, int causal, real eps, int nthreads);                  \
+    int hedgehog_attention_backward_##sfx(                                                  \
+        real *dq, real *dk, real *dv, real *dW, real *out, int64_t *guard_count,            \
+        const real *dout, const real *q, const real *k, const real *v, const real *W,       \
+        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
+        size_t e, size_t m, int causal, real eps, int nthreads);                            \
+    int linear_attention_forward_##sfx(                                                     \
+        real *out, int64_t *guard_count, const real *phi_q, const real *phi_k,              \
+        const real *v, const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk,   \
+        size_t F, size_t e, int causal, real eps, int nthreads);                            \
+    int linear_attention_backward_##sfx(                                                    \
+        real *dphi_q, real *dphi_k, real *dv, real *out, int64_t *guard_count,              \
+        const real *dout, const real *phi_q, const real *phi_k, const real *v,              \
+        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t F,        \
+        size_t e, int causal, real eps, int nthreads);                                      \
+    int softmax_attention_forward_##sfx(                                                    \
+        real *out, const real *q, const real *k, const real *v, const uint8_t *key_mask,    \
+        size_t B, size_t H, size_t Nq, size_t Nk, size_t d, size_t e, real scale,           \
+        int causal, int nthreads);                                                          \
+    int softmax_attention_backward_##sfx(                                                   \
+        real *dq, real *dk, real *dv, real *out, const real *dout, const real *q,           \
+        const real *k, const real *v, const uint8_t *key_mask, size_t B, size_t H,          \
+        size_t Nq, size_t Nk, size_t d, size_t e, real scale, int causal, int nthreads);    \
+    int linformer_attention_forward_##sfx(                                                  \
+        real *out, const real *q, const real *k, const real *v, const real *E,              \
+        const real *Fm, const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk,  \
+        size_t d, size_t e, size_t kp, size_t Nmax, size_t nEF, real scale, int nthreads);  \
+    int linformer_attention_backward_##sfx(                                                 \
+        real *dq, real *dk, real *dv, real *dE, real *dF, real *out, const real *dout,      \
+        const real *q, const real *k, const real *v, const real *E, const real *Fm,         \
+        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
+        size_t e, size_t kp, size_t Nmax, size_t nEF, real scale, int nthreads);
 
 FF_DECLARE_FLEX(float, f32)
 FF_DECLARE_FLEX(double, f64)

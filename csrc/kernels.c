@@ -9,13 +9,20 @@
 #define R_SIN sinf
 #define R_COS cosf
 #define R_FABS fabsf
+#define R_SQRT sqrtf
+#define R_LOG logf
 #define FF_DOUBLE 0
 #include "dense.inc"
 #include "trig.inc"
 #include "featmap.inc"
 #include "featmap_flex.inc"
+#include "featmap_baselines.inc"
 #include "linattn_core.inc"
-#include "flex_attention.inc"
+#include "linattn_run.inc"
+#include "ops_flex.inc"
+#include "ops_baselines.inc"
+#include "softmax.inc"
+#include "linformer.inc"
 #include "trig_export.inc"
 #undef FF
 #undef real
@@ -23,6 +30,8 @@
 #undef R_SIN
 #undef R_COS
 #undef R_FABS
+#undef R_SQRT
+#undef R_LOG
 #undef FF_DOUBLE
 #undef FF_ROW_DEN
 #undef FF_ROW_G
@@ -39,13 +48,20 @@
 #define R_SIN sin
 #define R_COS cos
 #define R_FABS fabs
+#define R_SQRT sqrt
+#define R_LOG log
 #define FF_DOUBLE 1
 #include "dense.inc"
 #include "trig.inc"
 #include "featmap.inc"
 #include "featmap_flex.inc"
+#include "featmap_baselines.inc"
 #include "linattn_core.inc"
-#include "flex_attention.inc"
+#include "linattn_run.inc"
+#include "ops_flex.inc"
+#include "ops_baselines.inc"
+#include "softmax.inc"
+#include "linformer.inc"
 #include "trig_export.inc"
 
 int ff_openmp_enabled(void)
