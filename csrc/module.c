@@ -121,48 +121,157 @@ static int status_to_exception(int status)
     }
 }
 
-/* ---------------------------------------------------- Flexformer attention calls */
+/* ------------------------------------------------------------ attention calls */
+
+/* The attention kinds the glue knows. Each has q/k/v-shaped inputs, up to three
+ * parameter arrays described by axis letters, and a set of keywords. Axis letters:
+ * H heads and d head size (both from q), m features and p projected length (bound by
+ * the first array that has them), L the projection's maximum length (>= Nk). */
+enum op_id { OP_FLEX_S, OP_FLEX_N, OP_PERFORMER, OP_HEDGEHOG, OP_LINEAR, OP_SOFTMAX, OP_LINFORMER };
 
 typedef struct {
-    int nonstationary; /* 0: flex_s (omega), 1: flex_n (omega1, omega2, tau) */
-    int backward;
-    int typenum;
-    PyArrayObject *dout, *q, *k, *v, *omega1, *omega2, *tau, *mask;
-    npy_intp B, H, Nq, Nk, d, e, m;
-    int causal;
-    double eps;
-} flex_call;
+    const char *name;
+    const char *axes;     /* e.g. "Hmd"; */
+    const char *alt_axes; /* another accepted layout, or NULL */
+    int finite;           /* must hold only finite values */
+} param_spec;
 
-static void flex_call_release(flex_call *c)
+typedef struct {
+    const char *qname, *kname;
+    int nparams;
+    param_spec params[3];
+    int ngrads;           /* parameter gradients the backward returns (first ngrads) */
+    int linear;           /* takes eps and returns a guard count */
+    int causal_ok;
+    const char *causal_refusal;
+} op_spec;
+
+static const op_spec OPS[] = {
+    [OP_FLEX_S] = {"q", "k", 1, {{"omega", "Hmd", NULL, 1}}, 1, 1, 1, NULL},
+    [OP_FLEX_N] = {"q", "k", 3, {{"omega1", "Hmd", NULL, 1}, {"omega2", "Hmd", NULL, 1}, {"tau", "H", NULL, 1}},
+                   3, 1, 1, NULL},
+    [OP_PERFORMER] = {"q", "k", 1, {{"omega", "Hmd", NULL, 1}}, 0, 1, 1, NULL},
+    [OP_HEDGEHOG] = {"q", "k", 1, {{"W", "Hdm", NULL, 1}}, 1, 1, 1, NULL},
+    [OP_LINEAR] = {"phi_q", "phi_k", 0, {{NULL, NULL, NULL, 0}}, 0, 1, 1, NULL},
+    [OP_SOFTMAX] = {"q", "k", 0, {{NULL, NULL, NULL, 0}}, 0, 0, 1, NULL},
+    [OP_LINFORMER] = {"q", "k", 2, {{"E", "HpL", "pL", 1}, {"F", "HpL", "pL", 1}}, 2, 0, 0,
+                      "causal=True is not available for Linformer: its projection E k mixes "
+                      "keys from every position, so an output row would depend on future keys"},
+};
+
+typedef struct {
+    enum op_id op;
+    const op_spec *spec;
+    int backward, typenum, causal;
+    double eps, scale;
+    PyArrayObject *dout, *q, *k, *v, *mask, *params[3];
+    npy_intp B, H, Nq, Nk, d, e, m, kp, L;
+} attn_call;
+
+static void attn_call_release(attn_call *c)
 {
     Py_XDECREF(c->dout);
     Py_XDECREF(c->q);
     Py_XDECREF(c->k);
     Py_XDECREF(c->v);
-    Py_XDECREF(c->omega1);
-    Py_XDECREF(c->omega2);
-    Py_XDECREF(c->tau);
     Py_XDECREF(c->mask);
+    for (int i = 0; i < 3; ++i)
+        Py_XDECREF(c->params[i]);
 }
 
-/* Convert and check every argument; on failure set an exception and return -1
- * (the caller releases what was converted). */
-static int flex_call_prepare(flex_call *c, PyObject *dout, PyObject *q, PyObject *k,
-                             PyObject *v, PyObject *om1, PyObject *om2, PyObject *tau,
-                             PyObject *mask)
+/* "(H, m, d) = (4, 16, 32)" for a parameter's expected layout, as far as it is known. */
+static void describe_axes(char *buf, size_t size, const char *axes, const attn_call *c)
 {
-    const char *om1_name = c->nonstationary ? "omega1" : "omega";
-    PyArrayObject *q0 = as_ndarray(q, "q");
+    char names[64] = "", values[96] = "";
+    for (const char *a = axes; *a; ++a) {
+        const char *sep = a == axes ? "" : ", ";
+        const char *label = *a == 'H' ? "H" : *a == 'd' ? "d" : *a == 'm' ? "m" : *a == 'p' ? "kp" : "Nmax";
+        npy_intp val = *a == 'H' ? c->H : *a == 'd' ? c->d : *a == 'm' ? c->m : *a == 'p' ? c->kp : -1;
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", sep, label);
+        if (val >= 0)
+            snprintf(values + strlen(values), sizeof values - strlen(values), "%s%zd", sep, (Py_ssize_t)val);
+        else if (*a == 'L')
+            snprintf(values + strlen(values), sizeof values - strlen(values), "%s>= %zd", sep, (Py_ssize_t)c->Nk);
+        else
+            snprintf(values + strlen(values), sizeof values - strlen(values), "%s%s", sep, label);
+    }
+    snprintf(buf, size, "(%s) = (%s)", names, values);
+}
+
+/* Convert parameter i and check its axes against (and bind them into) the call. */
+static int prepare_param(attn_call *c, int i, PyObject *obj)
+{
+    const param_spec *ps = &c->spec->params[i];
+    const int nd_main = (int)strlen(ps->axes), nd_alt = ps->alt_axes ? (int)strlen(ps->alt_axes) : -1;
+    PyArrayObject *a0 = as_ndarray(obj, ps->name);
+    if (!a0)
+        return -1;
+    const char *axes = ps->axes;
+    if (PyArray_NDIM(a0) == nd_alt)
+        axes = ps->alt_axes;
+    else if (PyArray_NDIM(a0) != nd_main && nd_alt >= 0) {
+        char want[192], alt[96];
+        describe_axes(want, sizeof want, ps->axes, c);
+        describe_axes(alt, sizeof alt, ps->alt_axes, c);
+        PyErr_Format(PyExc_ValueError, "%s must be a %d-d array of shape %s or a %d-d array of shape %s, got %d-d",
+                     ps->name, nd_main, want, nd_alt, alt, PyArray_NDIM(a0));
+        Py_DECREF(a0);
+        return -1;
+    }
+    char shape_doc[192];
+    describe_axes(shape_doc, sizeof shape_doc, axes, c);
+    c->params[i] = to_array((PyObject *)a0, ps->name, c->typenum, (int)strlen(axes), shape_doc);
+    Py_DECREF(a0);
+    if (!c->params[i])
+        return -1;
+    PyArrayObject *a = c->params[i];
+    int bad = 0;
+    for (int ax = 0; axes[ax]; ++ax) {
+        const npy_intp n = PyArray_DIM(a, ax);
+        switch (axes[ax]) {
+        case 'H': bad |= n != c->H; break;
+        case 'd': bad |= n != c->d; break;
+        case 'm': if (c->m < 0) c->m = n; else bad |= n != c->m; break;
+        case 'p': if (c->kp < 0) c->kp = n; else bad |= n != c->kp; break;
+        case 'L': if (c->L < 0) c->L = n; else bad |= n != c->L; bad |= n < c->Nk; break;
+        }
+    }
+    if (bad) {
+        char want[192];
+        describe_axes(want, sizeof want, axes, c);
+        return shape_error(a, ps->name, want);
+    }
+    if ((c->m == 0 && strchr(axes, 'm')) || (c->kp == 0 && strchr(axes, 'p'))) {
+        PyErr_Format(PyExc_ValueError, "%s must have at least one %s, got 0", ps->name,
+                     strchr(axes, 'm') ? "feature (m >= 1)" : "projected row (kp >= 1)");
+        return -1;
+    }
+    if (ps->finite && check_finite(a, ps->name) < 0)
+        return -1;
+    return 0;
+}
+
+static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject *k, PyObject *v,
+                             PyObject *const *params, PyObject *mask)
+{
+    const op_spec *sp = c->spec;
+    const char *qn = sp->qname, *kn = sp->kname;
+    char qdoc[32], kdoc[32];
+    const char *dsym = c->op == OP_LINEAR ? "F" : "d";
+    snprintf(qdoc, sizeof qdoc, "(B, H, Nq, %s)", dsym);
+    snprintf(kdoc, sizeof kdoc, "(B, H, Nk, %s)", dsym);
+    c->m = c->kp = c->L = -1;
+    PyArrayObject *q0 = as_ndarray(q, qn);
     if (!q0)
         return -1;
     c->typenum = PyArray_TYPE(q0);
     if (c->typenum != NPY_FLOAT && c->typenum != NPY_DOUBLE) {
-        PyErr_Format(PyExc_TypeError, "q must have dtype float32 or float64, got %S",
+        PyErr_Format(PyExc_TypeError, "%s must have dtype float32 or float64, got %S", qn,
                      (PyObject *)PyArray_DESCR(q0));
         Py_DECREF(q0);
         return -1;
     }
-    c->q = to_array((PyObject *)q0, "q", c->typenum, 4, "(B, H, Nq, d)");
+    c->q = to_array((PyObject *)q0, qn, c->typenum, 4, qdoc);
     Py_DECREF(q0);
     if (!c->q)
         return -1;
@@ -171,87 +280,68 @@ static int flex_call_prepare(flex_call *c, PyObject *dout, PyObject *q, PyObject
     c->Nq = PyArray_DIM(c->q, 2);
     c->d = PyArray_DIM(c->q, 3);
     if (c->d == 0) {
-        PyErr_SetString(PyExc_ValueError, "q must have a head size d >= 1 (last axis), got 0");
+        PyErr_Format(PyExc_ValueError, "%s must have a %s >= 1 (last axis), got 0", qn,
+                     c->op == OP_LINEAR ? "feature size F" : "head size d");
         return -1;
     }
-    if (!(c->k = to_array(k, "k", c->typenum, 4, "(B, H, Nk, d)")))
+    if (!(c->k = to_array(k, kn, c->typenum, 4, kdoc)))
         return -1;
     c->Nk = PyArray_DIM(c->k, 2);
-    if (PyArray_DIM(c->k, 0) != c->B || PyArray_DIM(c->k, 1) != c->H ||
-        PyArray_DIM(c->k, 3) != c->d) {
+    if (PyArray_DIM(c->k, 0) != c->B || PyArray_DIM(c->k, 1) != c->H || PyArray_DIM(c->k, 3) != c->d) {
         char want[160];
-        snprintf(want, sizeof want, "(B, H, Nk, d) = (%zd, %zd, Nk, %zd) to match q",
-                 (Py_ssize_t)c->B, (Py_ssize_t)c->H, (Py_ssize_t)c->d);
-        return shape_error(c->k, "k", want);
+        snprintf(want, sizeof want, "(B, H, Nk, %s) = (%zd, %zd, Nk, %zd) to match %s", dsym,
+                 (Py_ssize_t)c->B, (Py_ssize_t)c->H, (Py_ssize_t)c->d, qn);
+        return shape_error(c->k, kn, want);
     }
     if (!(c->v = to_array(v, "v", c->typenum, 4, "(B, H, Nk, e)")))
         return -1;
     c->e = PyArray_DIM(c->v, 3);
-    if (PyArray_DIM(c->v, 0) != c->B || PyArray_DIM(c->v, 1) != c->H ||
-        PyArray_DIM(c->v, 2) != c->Nk) {
+    if (PyArray_DIM(c->v, 0) != c->B || PyArray_DIM(c->v, 1) != c->H || PyArray_DIM(c->v, 2) != c->Nk) {
         char want[160];
-        snprintf(want, sizeof want, "(B, H, Nk, e) = (%zd, %zd, %zd, e) to match q and k",
-                 (Py_ssize_t)c->B, (Py_ssize_t)c->H, (Py_ssize_t)c->Nk);
+        snprintf(want, sizeof want, "(B, H, Nk, e) = (%zd, %zd, %zd, e) to match %s and %s",
+                 (Py_ssize_t)c->B, (Py_ssize_t)c->H, (Py_ssize_t)c->Nk, qn, kn);
         return shape_error(c->v, "v", want);
     }
-    if (!(c->omega1 = to_array(om1, om1_name, c->typenum, 3, "(H, m, d)")))
-        return -1;
-    c->m = PyArray_DIM(c->omega1, 1);
-    if (PyArray_DIM(c->omega1, 0) != c->H || PyArray_DIM(c->omega1, 2) != c->d) {
-        char want[160];
-        snprintf(want, sizeof want, "(H, m, d) = (%zd, m, %zd) to match q",
-                 (Py_ssize_t)c->H, (Py_ssize_t)c->d);
-        return shape_error(c->omega1, om1_name, want);
-    }
-    if (c->m == 0) {
+    for (int i = 0; i < sp->nparams; ++i)
+        if (prepare_param(c, i, params[i]) < 0)
+            return -1;
+    if (c->op == OP_LINFORMER && PyArray_NDIM(c->params[0]) != PyArray_NDIM(c->params[1])) {
         PyErr_Format(PyExc_ValueError,
-                     "%s must hold at least one frequency per head (m >= 1), got m = 0",
-                     om1_name);
+                     "E and F must both be shared by all heads (kp, Nmax) or both per head "
+                     "(H, kp, Nmax), got %d-d E and %d-d F",
+                     PyArray_NDIM(c->params[0]), PyArray_NDIM(c->params[1]));
         return -1;
-    }
-    if (check_finite(c->omega1, om1_name) < 0)
-        return -1;
-    if (c->nonstationary) {
-        if (!(c->omega2 = to_array(om2, "omega2", c->typenum, 3, "(H, m, d)")))
-            return -1;
-        if (!PyArray_SAMESHAPE(c->omega1, c->omega2)) {
-            char want[160];
-            snprintf(want, sizeof want, "(H, m, d) = (%zd, %zd, %zd) like omega1",
-                     (Py_ssize_t)c->H, (Py_ssize_t)c->m, (Py_ssize_t)c->d);
-            return shape_error(c->omega2, "omega2", want);
-        }
-        if (check_finite(c->omega2, "omega2") < 0)
-            return -1;
-        if (!(c->tau = to_array(tau, "tau", c->typenum, 1, "(H,)")))
-            return -1;
-        if (PyArray_DIM(c->tau, 0) != c->H) {
-            char want[64];
-            snprintf(want, sizeof want, "(H,) = (%zd,) to match q", (Py_ssize_t)c->H);
-            return shape_error(c->tau, "tau", want);
-        }
-        if (check_finite(c->tau, "tau") < 0)
-            return -1;
     }
     if (mask != Py_None) {
         if (!(c->mask = to_array(mask, "key_mask", NPY_BOOL, 2, "(B, Nk)")))
             return -1;
         if (PyArray_DIM(c->mask, 0) != c->B || PyArray_DIM(c->mask, 1) != c->Nk) {
             char want[96];
-            snprintf(want, sizeof want, "(B, Nk) = (%zd, %zd) to match k", (Py_ssize_t)c->B,
-                     (Py_ssize_t)c->Nk);
+            snprintf(want, sizeof want, "(B, Nk) = (%zd, %zd) to match %s", (Py_ssize_t)c->B,
+                     (Py_ssize_t)c->Nk, kn);
             return shape_error(c->mask, "key_mask", want);
         }
     }
-    if (c->causal && c->Nq != c->Nk) {
-        PyErr_Format(PyExc_ValueError,
-                     "causal=True needs as many queries as keys, got Nq = %zd (q) and Nk = %zd (k)",
-                     (Py_ssize_t)c->Nq, (Py_ssize_t)c->Nk);
+    if (c->causal && !sp->causal_ok) {
+        PyErr_SetString(PyExc_ValueError, sp->causal_refusal);
         return -1;
     }
-    if (!(c->eps > 0) || !isfinite(c->eps)) {
+    if (c->causal && c->Nq != c->Nk) {
+        PyErr_Format(PyExc_ValueError,
+                     "causal=True needs as many queries as keys, got Nq = %zd (%s) and Nk = %zd (%s)",
+                     (Py_ssize_t)c->Nq, qn, (Py_ssize_t)c->Nk, kn);
+        return -1;
+    }
+    if (sp->linear && (!(c->eps > 0) || !isfinite(c->eps))) {
         char got[64];
         snprintf(got, sizeof got, "%g", c->eps);
         PyErr_Format(PyExc_ValueError, "eps must be a finite number > 0, got %s", got);
+        return -1;
+    }
+    if (!sp->linear && (!(c->scale > 0) || !isfinite(c->scale))) {
+        char got[64];
+        snprintf(got, sizeof got, "%g", c->scale);
+        PyErr_Format(PyExc_ValueError, "scale must be a finite number > 0, got %s", got);
         return -1;
     }
     if (c->backward) {
@@ -269,185 +359,225 @@ static int flex_call_prepare(flex_call *c, PyObject *dout, PyObject *q, PyObject
 }
 
 #define DATA(a) ((a) ? PyArray_DATA(a) : NULL)
+/* The same call on the float or the double kernel (every array argument is void *). */
+#define TYPED_CALL(t, fn, ...) ((t) == NPY_FLOAT ? fn##_f32(__VA_ARGS__) : fn##_f64(__VA_ARGS__))
 
-static PyObject *flex_forward(flex_call *c)
+/* Run the kernel; outputs: out (forward) or grads[0..2] = dq, dk, dv and grads[3..] the
+ * parameter gradients (backward). The GIL is released by the caller. */
+static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void **g)
 {
-    PyObject *result = NULL;
-    npy_intp out_shape[4] = {c->B, c->H, c->Nq, c->e};
-    npy_intp bh_shape[2] = {c->B, c->H};
-    PyArrayObject *out = (PyArrayObject *)PyArray_ZEROS(4, out_shape, c->typenum, 0);
-    PyArrayObject *guard = (PyArrayObject *)PyArray_ZEROS(2, bh_shape, NPY_INT64, 0);
-    int status = FF_OK;
-    if (!out || !guard)
-        goto cleanup;
+    const int t = c->typenum, causal = c->causal, nt = requested_threads;
+    const size_t B = (size_t)c->B, H = (size_t)c->H, Nq = (size_t)c->Nq, Nk = (size_t)c->Nk;
+    const size_t d = (size_t)c->d, e = (size_t)c->e;
+    const size_t m = c->m > 0 ? (size_t)c->m : 0;
     const uint8_t *mask = (const uint8_t *)DATA(c->mask);
-    int64_t *gc = (int64_t *)PyArray_DATA(guard);
-    const size_t B = (size_t)c->B, H = (size_t)c->H, Nq = (size_t)c->Nq, Nk = (size_t)c->Nk,
-                 d = (size_t)c->d, e = (size_t)c->e, m = (size_t)c->m;
-    Py_BEGIN_ALLOW_THREADS
-    if (c->typenum == NPY_FLOAT) {
-        if (c->nonstationary)
-            status = flex_n_attention_forward_f32(
-                PyArray_DATA(out), gc, PyArray_DATA(c->q), PyArray_DATA(c->k), PyArray_DATA(c->v),
-                PyArray_DATA(c->omega1), PyArray_DATA(c->omega2), PyArray_DATA(c->tau), mask, B, H,
-                Nq, Nk, d, e, m, c->causal, (float)c->eps, requested_threads);
-        else
-            status = flex_s_attention_forward_f32(
-                PyArray_DATA(out), gc, PyArray_DATA(c->q), PyArray_DATA(c->k), PyArray_DATA(c->v),
-                PyArray_DATA(c->omega1), mask, B, H, Nq, Nk, d, e, m, c->causal, (float)c->eps,
-                requested_threads);
-    } else {
-        if (c->nonstationary)
-            status = flex_n_attention_forward_f64(
-                PyArray_DATA(out), gc, PyArray_DATA(c->q), PyArray_DATA(c->k), PyArray_DATA(c->v),
-                PyArray_DATA(c->omega1), PyArray_DATA(c->omega2), PyArray_DATA(c->tau), mask, B, H,
-                Nq, Nk, d, e, m, c->causal, c->eps, requested_threads);
-        else
-            status = flex_s_attention_forward_f64(
-                PyArray_DATA(out), gc, PyArray_DATA(c->q), PyArray_DATA(c->k), PyArray_DATA(c->v),
-                PyArray_DATA(c->omega1), mask, B, H, Nq, Nk, d, e, m, c->causal, c->eps,
-                requested_threads);
+    void *q = PyArray_DATA(c->q), *k = PyArray_DATA(c->k), *v = PyArray_DATA(c->v);
+    void *p0 = DATA(c->params[0]), *p1 = DATA(c->params[1]), *p2 = DATA(c->params[2]);
+    void *dout = DATA(c->dout);
+    const double eps = c->eps, scale = c->scale;
+    switch (c->op) {
+    case OP_FLEX_S:
+        return TYPED_CALL(t, flex_s_attention_backward, g[0], g[1], g[2], g[3], out, guard, dout,
+                          q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
+    case OP_FLEX_N:
+        return TYPED_CALL(t, flex_n_attention_backward, g[0], g[1], g[2], g[3], g[4], g[5], out,
+                          guard, dout, q, k, v, p0, p1, p2, mask, B, H, Nq, Nk, d, e, m, causal,
+                          eps, nt);
+    case OP_PERFORMER:
+        return TYPED_CALL(t, performer_attention_backward, g[0], g[1], g[2], out, guard, dout, q,
+                          k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
+    case OP_HEDGEHOG:
+        return TYPED_CALL(t, hedgehog_attention_backward, g[0], g[1], g[2], g[3], out, guard,
+                          dout, q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
+    case OP_LINEAR:
+        return TYPED_CALL(t, linear_attention_backward, g[0], g[1], g[2], out, guard, dout, q, k,
+                          v, mask, B, H, Nq, Nk, d, e, causal, eps, nt);
+    case OP_SOFTMAX:
+        return TYPED_CALL(t, softmax_attention_backward, g[0], g[1], g[2], out, dout, q, k, v,
+                          mask, B, H, Nq, Nk, d, e, scale, causal, nt);
+    case OP_LINFORMER: {
+        const size_t nEF = PyArray_NDIM(c->params[0]) == 3 ? H : 1;
+        return TYPED_CALL(t, linformer_attention_backward, g[0], g[1], g[2], g[3], g[4], out,
+                          dout, q, k, v, p0, p1, mask, B, H, Nq, Nk, d, e, (size_t)c->kp,
+                          (size_t)c->L, nEF, scale, nt);
     }
-    Py_END_ALLOW_THREADS
-    if (status_to_exception(status) < 0)
-        goto cleanup;
-    result = PyTuple_Pack(2, (PyObject *)out, (PyObject *)guard);
-cleanup:
-    Py_XDECREF(out);
-    Py_XDECREF(guard);
-    return result;
+    }
+    return FF_ERR_ARG;
 }
 
-static PyObject *flex_backward(flex_call *c)
+static PyObject *attn_call_execute(attn_call *c)
 {
     PyObject *result = NULL;
-    npy_intp q_shape[4] = {c->B, c->H, c->Nq, c->d};
-    npy_intp k_shape[4] = {c->B, c->H, c->Nk, c->d};
-    npy_intp v_shape[4] = {c->B, c->H, c->Nk, c->e};
-    npy_intp om_shape[3] = {c->H, c->m, c->d};
-    npy_intp tau_shape[1] = {c->H};
+    PyArrayObject *outs[8] = {NULL};
+    int nouts = 0, status = FF_OK;
     const int t = c->typenum;
-    PyArrayObject *dq = (PyArrayObject *)PyArray_ZEROS(4, q_shape, t, 0);
-    PyArrayObject *dk = (PyArrayObject *)PyArray_ZEROS(4, k_shape, t, 0);
-    PyArrayObject *dv = (PyArrayObject *)PyArray_ZEROS(4, v_shape, t, 0);
-    PyArrayObject *dom1 = (PyArrayObject *)PyArray_ZEROS(3, om_shape, t, 0);
-    PyArrayObject *dom2 = NULL, *dtau = NULL;
-    int status = FF_OK;
-    if (c->nonstationary) {
-        dom2 = (PyArrayObject *)PyArray_ZEROS(3, om_shape, t, 0);
-        dtau = (PyArrayObject *)PyArray_ZEROS(1, tau_shape, t, 0);
-        if (!dom2 || !dtau)
+    void *out = NULL, *g[6] = {NULL};
+    int64_t *guard = NULL;
+    if (!c->backward) {
+        npy_intp shape[4] = {c->B, c->H, c->Nq, c->e};
+        if (!(outs[nouts++] = (PyArrayObject *)PyArray_ZEROS(4, shape, t, 0)))
             goto cleanup;
-    }
-    if (!dq || !dk || !dv || !dom1)
-        goto cleanup;
-    const uint8_t *mask = (const uint8_t *)DATA(c->mask);
-    const size_t B = (size_t)c->B, H = (size_t)c->H, Nq = (size_t)c->Nq, Nk = (size_t)c->Nk,
-                 d = (size_t)c->d, e = (size_t)c->e, m = (size_t)c->m;
-    Py_BEGIN_ALLOW_THREADS
-    if (t == NPY_FLOAT) {
-        if (c->nonstationary)
-            status = flex_n_attention_backward_f32(
-                PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv), PyArray_DATA(dom1),
-                PyArray_DATA(dom2), PyArray_DATA(dtau), NULL, NULL, PyArray_DATA(c->dout),
-                PyArray_DATA(c->q), PyArray_DATA(c->k), PyArray_DATA(c->v),
-                PyArray_DATA(c->omega1), PyArray_DATA(c->omega2), PyArray_DATA(c->tau), mask, B,
-                H, Nq, Nk, d, e, m, c->causal, (float)c->eps, requested_threads);
-        else
-            status = flex_s_attention_backward_f32(
-                PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv), PyArray_DATA(dom1), NULL,
-                NULL, PyArray_DATA(c->dout), PyArray_DATA(c->q), PyArray_DATA(c->k),
-                PyArray_DATA(c->v), PyArray_DATA(c->omega1), mask, B, H, Nq, Nk, d, e, m,
-                c->causal, (float)c->eps, requested_threads);
+        out = PyArray_DATA(outs[0]);
+        if (c->spec->linear) {
+            npy_intp bh[2] = {c->B, c->H};
+            if (!(outs[nouts++] = (PyArrayObject *)PyArray_ZEROS(2, bh, NPY_INT64, 0)))
+                goto cleanup;
+            guard = (int64_t *)PyArray_DATA(outs[1]);
+        }
     } else {
-        if (c->nonstationary)
-            status = flex_n_attention_backward_f64(
-                PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv), PyArray_DATA(dom1),
-                PyArray_DATA(dom2), PyArray_DATA(dtau), NULL, NULL, PyArray_DATA(c->dout),
-                PyArray_DATA(c->q), PyArray_DATA(c->k), PyArray_DATA(c->v),
-                PyArray_DATA(c->omega1), PyArray_DATA(c->omega2), PyArray_DATA(c->tau), mask, B,
-                H, Nq, Nk, d, e, m, c->causal, c->eps, requested_threads);
-        else
-            status = flex_s_attention_backward_f64(
-                PyArray_DATA(dq), PyArray_DATA(dk), PyArray_DATA(dv), PyArray_DATA(dom1), NULL,
-                NULL, PyArray_DATA(c->dout), PyArray_DATA(c->q), PyArray_DATA(c->k),
-                PyArray_DATA(c->v), PyArray_DATA(c->omega1), mask, B, H, Nq, Nk, d, e, m,
-                c->causal, c->eps, requested_threads);
+        PyArrayObject *like[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
+        const int n = 3 + c->spec->ngrads;
+        for (int i = 0; i < n; ++i) {
+            if (!(outs[nouts++] = (PyArrayObject *)PyArray_ZEROS(PyArray_NDIM(like[i]),
+                                                                  PyArray_DIMS(like[i]), t, 0)))
+                goto cleanup;
+            g[i] = PyArray_DATA(outs[i]);
+        }
     }
+    Py_BEGIN_ALLOW_THREADS
+    status = attn_call_run(c, out, guard, g);
     Py_END_ALLOW_THREADS
     if (status_to_exception(status) < 0)
         goto cleanup;
-    if (c->nonstationary)
-        result = PyTuple_Pack(6, dq, dk, dv, dom1, dom2, dtau);
-    else
-        result = PyTuple_Pack(4, dq, dk, dv, dom1);
+    if (!c->backward && !c->spec->linear) {
+        result = (PyObject *)outs[0];
+        Py_INCREF(result);
+    } else {
+        result = PyTuple_New(nouts);
+        if (result)
+            for (int i = 0; i < nouts; ++i) {
+                Py_INCREF(outs[i]);
+                PyTuple_SET_ITEM(result, i, (PyObject *)outs[i]);
+            }
+    }
 cleanup:
-    Py_XDECREF(dq);
-    Py_XDECREF(dk);
-    Py_XDECREF(dv);
-    Py_XDECREF(dom1);
-    Py_XDECREF(dom2);
-    Py_XDECREF(dtau);
+    for (int i = 0; i < nouts; ++i)
+        Py_XDECREF(outs[i]);
     return result;
 }
 
-/* One entry for all four Python-level calls. */
-static PyObject *flex_entry(PyObject *args, PyObject *kwargs, int nonstationary, int backward)
+/* Parse (dout,) q, k, v, params... and the keywords key_mask, causal and eps (linear
+ * kinds) or scale (softmax kinds), by name or position, then check and run. */
+static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObject *kwargs)
 {
-    static char *kw_s_fwd[] = {"q", "k", "v", "omega", "key_mask", "causal", "eps", NULL};
-    static char *kw_s_bwd[] = {"dout", "q", "k", "v", "omega", "key_mask", "causal", "eps", NULL};
-    static char *kw_n_fwd[] = {"q", "k", "v", "omega1", "omega2", "tau", "key_mask",
-                               "causal", "eps", NULL};
-    static char *kw_n_bwd[] = {"dout", "q", "k", "v", "omega1", "omega2", "tau", "key_mask",
-                               "causal", "eps", NULL};
-    PyObject *dout = NULL, *q, *k, *v, *om1, *om2 = NULL, *tau = NULL, *mask = Py_None;
-    flex_call c;
-    memset(&c, 0, sizeof c);
-    c.nonstationary = nonstationary;
-    c.backward = backward;
-    c.eps = 1e-4;
-    int ok;
-    if (!nonstationary && !backward)
-        ok = PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|$Opd", kw_s_fwd, &q, &k, &v, &om1,
-                                         &mask, &c.causal, &c.eps);
-    else if (!nonstationary)
-        ok = PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|$Opd", kw_s_bwd, &dout, &q, &k,
-                                         &v, &om1, &mask, &c.causal, &c.eps);
-    else if (!backward)
-        ok = PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|$Opd", kw_n_fwd, &q, &k, &v,
-                                         &om1, &om2, &tau, &mask, &c.causal, &c.eps);
-    else
-        ok = PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|$Opd", kw_n_bwd, &dout, &q, &k,
-                                         &v, &om1, &om2, &tau, &mask, &c.causal, &c.eps);
-    if (!ok)
+    const op_spec *sp = &OPS[op];
+    const char *names[8];
+    PyObject *values[8] = {NULL};
+    int n = 0;
+    if (backward)
+        names[n++] = "dout";
+    names[n++] = sp->qname;
+    names[n++] = sp->kname;
+    names[n++] = "v";
+    for (int i = 0; i < sp->nparams; ++i)
+        names[n++] = sp->params[i].name;
+    const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "expected %d positional arguments, got %zd", n, nargs);
         return NULL;
+    }
+    for (int i = 0; i < nargs; ++i)
+        values[i] = PyTuple_GET_ITEM(args, i);
+    PyObject *mask = Py_None, *causal = Py_False, *eps = NULL, *scale = Py_None;
+    if (kwargs) {
+        PyObject *key, *val;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kwargs, &pos, &key, &val)) {
+            const char *kname = PyUnicode_AsUTF8(key);
+            if (!kname)
+                return NULL;
+            int found = 0;
+            for (int i = 0; i < n; ++i)
+                if (strcmp(kname, names[i]) == 0) {
+                    if (values[i]) {
+                        PyErr_Format(PyExc_TypeError, "got multiple values for argument '%s'", kname);
+                        return NULL;
+                    }
+                    values[i] = val;
+                    found = 1;
+                }
+            if (found)
+                continue;
+            if (strcmp(kname, "key_mask") == 0)
+                mask = val;
+            else if (strcmp(kname, "causal") == 0)
+                causal = val;
+            else if (sp->linear && strcmp(kname, "eps") == 0)
+                eps = val;
+            else if (!sp->linear && strcmp(kname, "scale") == 0)
+                scale = val;
+            else {
+                PyErr_Format(PyExc_TypeError, "unexpected keyword argument '%s'", kname);
+                return NULL;
+            }
+        }
+    }
+    for (int i = 0; i < n; ++i)
+        if (!values[i]) {
+            PyErr_Format(PyExc_TypeError, "missing required argument '%s'", names[i]);
+            return NULL;
+        }
+    attn_call c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    c.spec = sp;
+    c.backward = backward;
+    if (!PyBool_Check(causal)) {
+        PyErr_Format(PyExc_TypeError, "causal must be a bool, got %s", Py_TYPE(causal)->tp_name);
+        return NULL;
+    }
+    c.causal = causal == Py_True;
+    c.eps = 1e-4;
+    if (eps) {
+        c.eps = PyFloat_AsDouble(eps);
+        if (c.eps == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    const int b = backward ? 1 : 0;
+    PyObject *params[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < sp->nparams; ++i)
+        params[i] = values[b + 3 + i];
     PyObject *result = NULL;
-    if (flex_call_prepare(&c, dout, q, k, v, om1, om2, tau, mask) == 0)
-        result = backward ? flex_backward(&c) : flex_forward(&c);
-    flex_call_release(&c);
+    if (attn_call_prepare(&c, backward ? values[0] : NULL, values[b], values[b + 1], values[b + 2],
+                          params, mask) == 0) {
+        c.scale = 1.0 / sqrt((double)c.d);
+        if (scale != Py_None) {
+            c.scale = PyFloat_AsDouble(scale);
+            if (c.scale == -1.0 && PyErr_Occurred())
+                goto done;
+            if (!(c.scale > 0) || !isfinite(c.scale)) {
+                PyErr_SetString(PyExc_ValueError, "scale must be a finite number > 0");
+                goto done;
+            }
+        }
+        result = attn_call_execute(&c);
+    }
+done:
+    attn_call_release(&c);
     return result;
 }
 
-static PyObject *py_flex_s_forward(PyObject *self, PyObject *args, PyObject *kw)
-{
-    (void)self;
-    return flex_entry(args, kw, 0, 0);
-}
-static PyObject *py_flex_s_backward(PyObject *self, PyObject *args, PyObject *kw)
-{
-    (void)self;
-    return flex_entry(args, kw, 0, 1);
-}
-static PyObject *py_flex_n_forward(PyObject *self, PyObject *args, PyObject *kw)
-{
-    (void)self;
-    return flex_entry(args, kw, 1, 0);
-}
-static PyObject *py_flex_n_backward(PyObject *self, PyObject *args, PyObject *kw)
-{
-    (void)self;
-    return flex_entry(args, kw, 1, 1);
-}
+#define ENTRY(pyname, op, backward)                                                      \
+    static PyObject *pyname(PyObject *self, PyObject *args, PyObject *kw)                \
+    {                                                                                    \
+        (void)self;                                                                      \
+        return attn_entry(op, backward, args, kw);                                       \
+    }
+ENTRY(py_flex_s_forward, OP_FLEX_S, 0)
+ENTRY(py_flex_s_backward, OP_FLEX_S, 1)
+ENTRY(py_flex_n_forward, OP_FLEX_N, 0)
+ENTRY(py_flex_n_backward, OP_FLEX_N, 1)
+ENTRY(py_performer_forward, OP_PERFORMER, 0)
+ENTRY(py_performer_backward, OP_PERFORMER, 1)
+ENTRY(py_hedgehog_forward, OP_HEDGEHOG, 0)
+ENTRY(py_hedgehog_backward, OP_HEDGEHOG, 1)
+ENTRY(py_linear_forward, OP_LINEAR, 0)
+ENTRY(py_linear_backward, OP_LINEAR, 1)
+ENTRY(py_softmax_forward, OP_SOFTMAX, 0)
+ENTRY(py_softmax_backward, OP_SOFTMAX, 1)
+ENTRY(py_linformer_forward, OP_LINFORMER, 0)
+ENTRY(py_linformer_backward, OP_LINFORMER, 1)
+#undef ENTRY
 
 /* ------------------------------------------------------------- test hooks */
 
@@ -515,21 +645,29 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
                                                                           : ff_max_threads());
 }
 
+#define KERNEL(name, doc)                                                                  \
+    {#name, (PyCFunction)(void (*)(void))py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 static PyMethodDef methods[] = {
-    {"flex_s_forward", (PyCFunction)(void (*)(void))py_flex_s_forward,
-     METH_VARARGS | METH_KEYWORDS, "flex_s attention forward -> (out, guard_count)"},
-    {"flex_s_backward", (PyCFunction)(void (*)(void))py_flex_s_backward,
-     METH_VARARGS | METH_KEYWORDS, "flex_s attention backward -> (dq, dk, dv, domega)"},
-    {"flex_n_forward", (PyCFunction)(void (*)(void))py_flex_n_forward,
-     METH_VARARGS | METH_KEYWORDS, "flex_n attention forward -> (out, guard_count)"},
-    {"flex_n_backward", (PyCFunction)(void (*)(void))py_flex_n_backward,
-     METH_VARARGS | METH_KEYWORDS,
-     "flex_n attention backward -> (dq, dk, dv, domega1, domega2, dtau)"},
-    {"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},
+    KERNEL(flex_s_forward, "-> (out, guard_count)"),
+    KERNEL(flex_s_backward, "-> (dq, dk, dv, domega)"),
+    KERNEL(flex_n_forward, "-> (out, guard_count)"),
+    KERNEL(flex_n_backward, "-> (dq, dk, dv, domega1, domega2, dtau)"),
+    KERNEL(performer_forward, "-> (out, guard_count)"),
+    KERNEL(performer_backward, "-> (dq, dk, dv)"),
+    KERNEL(hedgehog_forward, "-> (out, guard_count)"),
+    KERNEL(hedgehog_backward, "-> (dq, dk, dv, dW)"),
+    KERNEL(linear_forward, "-> (out, guard_count)"),
+    KERNEL(linear_backward, "-> (dphi_q, dphi_k, dv)"),
+    KERNEL(softmax_forward, "-> out"),
+    KERNEL(softmax_backward, "-> (dq, dk, dv)"),
+    KERNEL(linformer_forward, "-> out"),
+    KERNEL(linformer_backward, "-> (dq, dk, dv, dE, dF)"),
+{"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},
     {"openmp_enabled", py_openmp_enabled, METH_NOARGS, "True when built with OpenMP"},
     {"set_num_threads", py_set_num_threads, METH_O, "threads for later kernel calls (0 = default)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads kernel calls will use"},
     {NULL, NULL, 0, NULL}};
+#undef KERNEL
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_C",
                                        "flexformer C kernels (private; use flexformer.*)", -1,
