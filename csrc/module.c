@@ -338,12 +338,6 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
         PyErr_Format(PyExc_ValueError, "eps must be a finite number > 0, got %s", got);
         return -1;
     }
-    if (!sp->linear && (!(c->scale > 0) || !isfinite(c->scale))) {
-        char got[64];
-        snprintf(got, sizeof got, "%g", c->scale);
-        PyErr_Format(PyExc_ValueError, "scale must be a finite number > 0, got %s", got);
-        return -1;
-    }
     if (c->backward) {
         if (!(c->dout = to_array(dout, "dout", c->typenum, 4, "(B, H, Nq, e)")))
             return -1;

@@ -17,6 +17,19 @@ from .attention import (
     flex_n_attention_backward,
     flex_s_attention,
     flex_s_attention_backward,
+    hedgehog_attention,
+    hedgehog_attention_backward,
+    linear_attention,
+    linear_attention_backward,
+    performer_attention,
+    performer_attention_backward,
+)
+from .registry import AttentionKind, attention_kinds, get_attention
+from .softmax import (
+    linformer_attention,
+    linformer_attention_backward,
+    softmax_attention,
+    softmax_attention_backward,
 )
 
 __version__ = "0.1.0"
@@ -41,7 +54,20 @@ def get_num_threads() -> int:
 
 
 __all__ = [
+    "AttentionKind",
     "DEFAULT_EPS",
+    "attention_kinds",
+    "get_attention",
+    "hedgehog_attention",
+    "hedgehog_attention_backward",
+    "linear_attention",
+    "linear_attention_backward",
+    "linformer_attention",
+    "linformer_attention_backward",
+    "performer_attention",
+    "performer_attention_backward",
+    "softmax_attention",
+    "softmax_attention_backward",
     "flex_n_attention",
     "flex_n_attention_backward",
     "flex_s_attention",

@@ -182,3 +182,137 @@ def flex_n_attention_backward(
     return _C.flex_n_backward(
         dout, q, k, v, omega1, omega2, tau, key_mask=key_mask, causal=bool(causal), eps=float(eps)
     )
+
+
+def performer_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    omega: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+    return_guard_count: bool = False,
+) -> ArrayOrPair:
+    """Performer FAVOR+ attention (Choromanski et al., 2021) with positive random features.
+
+    phi(x) = exp(w_i.x' - |x'|^2 / 2) / sqrt(m), x' = x / d^(1/4), with fixed
+    frequencies ``omega`` (H, m, d) drawn from N(0, I) (see
+    :func:`flexformer.init.performer_omega`); phi(q).phi(k) estimates
+    exp(q.k / sqrt d). Same stabilisation, guard and conventions as
+    :func:`flex_s_attention`. The frequencies are not learned: the backward returns
+    no gradient for them.
+    """
+    _check_flags(causal, eps)
+    out, guard = _C.performer_forward(q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return (out, guard) if return_guard_count else out
+
+
+def performer_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    omega: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients ``(dq, dk, dv)`` of :func:`performer_attention` (omega is fixed)."""
+    _check_flags(causal, eps)
+    return _C.performer_backward(dout, q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+
+
+def hedgehog_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    W: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+    return_guard_count: bool = False,
+) -> ArrayOrPair:
+    """Hedgehog attention (Zhang et al., 2024): a learnable positive feature map.
+
+    phi(x) = softmax([x W, -x W]) over its 2m entries, with W = ``W[h]`` of shape
+    (d, m) per head, so ``W`` is (H, d, m) (see :func:`flexformer.init.hedgehog_weights`).
+    Same conventions as :func:`flex_s_attention`.
+    """
+    _check_flags(causal, eps)
+    out, guard = _C.hedgehog_forward(q, k, v, W, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return (out, guard) if return_guard_count else out
+
+
+def hedgehog_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    W: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients ``(dq, dk, dv, dW)`` of :func:`hedgehog_attention`."""
+    _check_flags(causal, eps)
+    return _C.hedgehog_backward(dout, q, k, v, W, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+
+
+def linear_attention(
+    phi_q: np.ndarray,
+    phi_k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+    return_guard_count: bool = False,
+) -> ArrayOrPair:
+    """Normalised linear attention on features you computed yourself.
+
+    out_i = sum_j (phi_q_i . phi_k_j) v_j / sum_j (phi_q_i . phi_k_j) over unmasked keys
+    (j <= i when ``causal``), in O(N F e), for any feature map (elu + 1, ReLU, ...).
+
+    Parameters
+    ----------
+    phi_q, phi_k : ndarray
+        Query features (B, H, Nq, F) and key features (B, H, Nk, F); non-negative
+        features give a proper weighted average, any finite features are accepted.
+    v : ndarray
+        Values (B, H, Nk, e).
+    causal, key_mask, eps, return_guard_count
+        As in :func:`flex_s_attention`. Internally each row is split into its norm
+        and direction (phi = |phi| f, |f| = 1), which keeps large features from
+        overflowing; the guard compares the denominator of row i with
+        eps * |phi_q_i| * sum_j |phi_k_j| (its Cauchy-Schwarz bound). A query row with
+        phi_q_i = 0 returns zeros; a key row with phi_k_j = 0 adds nothing and gets zero
+        gradient.
+
+    Returns
+    -------
+    out : ndarray
+        (B, H, Nq, e); ``(out, guard_count)`` when ``return_guard_count``.
+    """
+    _check_flags(causal, eps)
+    out, guard = _C.linear_forward(phi_q, phi_k, v, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return (out, guard) if return_guard_count else out
+
+
+def linear_attention_backward(
+    dout: np.ndarray,
+    phi_q: np.ndarray,
+    phi_k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients ``(dphi_q, dphi_k, dv)`` of :func:`linear_attention`."""
+    _check_flags(causal, eps)
+    return _C.linear_backward(dout, phi_q, phi_k, v, key_mask=key_mask, causal=bool(causal), eps=float(eps))

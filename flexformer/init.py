@@ -111,3 +111,66 @@ def flex_n_params(
     omega1 = gaussian_frequencies(num_heads, num_features, head_dim, rng=rng, orthogonal=orthogonal, dtype=dtype)
     tau = np.full(int(num_heads), np.log(2.0 * np.sqrt(head_dim)), dtype=omega1.dtype)
     return omega1, omega1.copy(), tau
+
+
+def performer_omega(
+    num_heads: int,
+    num_features: int,
+    head_dim: int,
+    *,
+    rng: RngLike = None,
+    orthogonal: bool = True,
+    dtype=np.float64,
+) -> np.ndarray:
+    """Fixed FAVOR+ frequencies (H, m, d) with rows ~ N(0, I) (the features rescale x
+    by d^(-1/4) themselves). Orthogonal by default, as in the Performer paper; call
+    again with a new seed to redraw (see :func:`redraw`)."""
+    w = gaussian_frequencies(num_heads, num_features, head_dim, rng=rng, orthogonal=orthogonal)
+    return (w * head_dim ** 0.25).astype(_check_dtype(dtype))
+
+
+def redraw(omega: np.ndarray, *, rng: RngLike = None, orthogonal: bool = True) -> np.ndarray:
+    """New Performer frequencies of the same shape and dtype as ``omega`` (the periodic
+    feature redraw of FAVOR+); ``omega`` itself is left unchanged."""
+    omega = np.asarray(omega)
+    if omega.ndim != 3:
+        raise ValueError(f"omega must have shape (H, m, d), got {omega.shape}")
+    return performer_omega(*omega.shape, rng=rng, orthogonal=orthogonal, dtype=omega.dtype)
+
+
+def hedgehog_weights(
+    num_heads: int,
+    head_dim: int,
+    num_features: Optional[int] = None,
+    *,
+    rng: RngLike = None,
+    dtype=np.float64,
+) -> np.ndarray:
+    """Hedgehog feature-map weights W (H, d, m): the identity when m = d (the default),
+    otherwise N(0, 1/d) entries."""
+    m = head_dim if num_features is None else num_features
+    _check_sizes(num_heads=num_heads, head_dim=head_dim, num_features=m)
+    dt = _check_dtype(dtype)
+    if m == head_dim:
+        return np.broadcast_to(np.eye(head_dim), (num_heads, head_dim, m)).astype(dt)
+    return (as_generator(rng).standard_normal((num_heads, head_dim, m)) / np.sqrt(head_dim)).astype(dt)
+
+
+def linformer_projections(
+    proj_len: int,
+    max_len: int,
+    num_heads: Optional[int] = None,
+    *,
+    rng: RngLike = None,
+    dtype=np.float64,
+) -> np.ndarray:
+    """A Linformer projection (kp, Nmax), or (H, kp, Nmax) per head when ``num_heads`` is
+    given, with N(0, 1/kp) entries. Draw E and F separately (or reuse one array for
+    key-value sharing)."""
+    _check_sizes(proj_len=proj_len, max_len=max_len)
+    shape = (proj_len, max_len)
+    if num_heads is not None:
+        _check_sizes(num_heads=num_heads)
+        shape = (num_heads,) + shape
+    dt = _check_dtype(dtype)
+    return (as_generator(rng).standard_normal(shape) / np.sqrt(proj_len)).astype(dt)

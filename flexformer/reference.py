@@ -115,3 +115,64 @@ def softmax_attention(q, k, v, *, causal=False, key_mask=None, scale=None):
     w = np.exp(logits - top)
     den = w.sum(-1, keepdims=True)
     return np.einsum("bhij,bhje->bhie", w, v) / np.where(den > 0, den, 1.0)
+
+
+def performer_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """FAVOR+ features exp(w.x' - |x'|^2 / 2) / sqrt(m), x' = x / d^(1/4): (B, H, N, m)."""
+    x = np.asarray(x, dtype=np.float64) * x.shape[-1] ** -0.25
+    proj = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega, dtype=np.float64))
+    return np.exp(proj - 0.5 * (x * x).sum(-1, keepdims=True)) / np.sqrt(omega.shape[1])
+
+
+def hedgehog_phi(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Hedgehog features softmax([x W, -x W]) over 2m entries: (B, H, N, 2m)."""
+    proj = np.einsum("bhnd,hdm->bhnm", np.asarray(x, dtype=np.float64), np.asarray(W, dtype=np.float64))
+    z = np.concatenate([proj, -proj], axis=-1)
+    z = np.exp(z - z.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def linear_attention(phi_q, phi_k, v, *, causal=False, key_mask=None, eps=1e-4):
+    """Quadratic-form twin of :func:`flexformer.linear_attention` (user features)."""
+    phi_q = np.asarray(phi_q, dtype=np.float64)
+    phi_k = np.asarray(phi_k, dtype=np.float64)
+    out, _ = kernel_attention(phi_q, phi_k, v, np.linalg.norm(phi_q, axis=-1),
+                              np.linalg.norm(phi_k, axis=-1), causal=causal, key_mask=key_mask, eps=eps)
+    return out
+
+
+def performer_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4):
+    """Quadratic-form twin of :func:`flexformer.performer_attention`."""
+    x = np.asarray(q, dtype=np.float64) * q.shape[-1] ** -0.25
+    y = np.asarray(k, dtype=np.float64) * k.shape[-1] ** -0.25
+    # exp(-|x'|^2/2 + max_i w_i.x') bounds |phi(x)| (every entry is at most that / sqrt(m))
+    bq = np.exp(-0.5 * (x * x).sum(-1) + np.einsum("bhnd,hmd->bhnm", x, omega).max(-1))
+    bk = np.exp(-0.5 * (y * y).sum(-1) + np.einsum("bhnd,hmd->bhnm", y, omega).max(-1))
+    out, _ = kernel_attention(performer_phi(q, omega), performer_phi(k, omega), v, bq, bk,
+                              causal=causal, key_mask=key_mask, eps=eps)
+    return out
+
+
+def hedgehog_attention(q, k, v, W, *, causal=False, key_mask=None, eps=1e-4):
+    """Quadratic-form twin of :func:`flexformer.hedgehog_attention` (|phi| <= 1)."""
+    ones_q = np.ones(q.shape[:-1])
+    ones_k = np.ones(k.shape[:-1])
+    out, _ = kernel_attention(hedgehog_phi(q, W), hedgehog_phi(k, W), v, ones_q, ones_k,
+                              causal=causal, key_mask=key_mask, eps=eps)
+    return out
+
+
+def linformer_attention(q, k, v, E, F, *, key_mask=None, scale=None):
+    """Twin of :func:`flexformer.linformer_attention`: project, then exact softmax."""
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    Nk = k.shape[2]
+    if key_mask is not None:
+        keep = np.asarray(key_mask, dtype=bool)[:, None, :, None]
+        k = np.where(keep, k, 0.0)
+        v = np.where(keep, v, 0.0)
+    E = np.asarray(E, dtype=np.float64)[..., :Nk]
+    F = np.asarray(F, dtype=np.float64)[..., :Nk]
+    spec = "pn,bhnx->bhpx" if E.ndim == 2 else "hpn,bhnx->bhpx"
+    return softmax_attention(q, np.einsum(spec, E, k), np.einsum(spec, F, v),
+                             scale=1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)

@@ -1,0 +1,179 @@
+"""One registry of attention kinds with a uniform init / forward / backward triple.
+
+Model layers switch attention by name::
+
+    kind = flexformer.get_attention("flex_n")
+    params = kind.init(num_heads=4, head_dim=32, rng=0)
+    out = kind.forward(q, k, v, params, causal=True)
+    dq, dk, dv, dparams = kind.backward(dout, q, k, v, params, causal=True)
+
+``params`` is a dict of NumPy arrays; ``dparams`` holds the gradients of the learnable
+ones only (``kind.learnable``). ``flexformer.attention_kinds()`` lists the names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import attention as lin
+from . import init as initialisers
+from . import softmax as sm
+
+Params = Dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class AttentionKind:
+    """An attention kind: its parameters, what it supports and its three functions.
+
+    Attributes
+    ----------
+    name, description : str
+    params : tuple of str
+        Names of the arrays in ``params`` (learnable or fixed).
+    learnable : tuple of str
+        The subset that ``backward`` returns gradients for.
+    causal, masks : bool
+        Whether ``causal=True`` and ``key_mask`` are supported.
+    complexity : str
+        Time per (batch, head) in terms of N, d, e and the kind's own sizes.
+    """
+
+    name: str
+    description: str
+    params: Tuple[str, ...]
+    learnable: Tuple[str, ...]
+    causal: bool
+    masks: bool
+    complexity: str
+    _init: Callable = field(repr=False)
+    _forward: Callable = field(repr=False)
+    _backward: Callable = field(repr=False)
+
+    def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
+             max_len: Optional[int] = None, rng=None, dtype=np.float64) -> Params:
+        """Initial parameters. ``num_features`` is m (default head_dim) for the feature-map
+        kinds and kp (default 64) for Linformer; ``max_len`` is Linformer's Nmax (needed)."""
+        return self._init(num_heads, head_dim, num_features, max_len, rng, dtype)
+
+    def forward(self, q, k, v, params: Params, *, causal: bool = False, key_mask=None) -> np.ndarray:
+        """The attention output (B, H, Nq, e)."""
+        return self._forward(q, k, v, params, causal, key_mask)
+
+    def backward(self, dout, q, k, v, params: Params, *, causal: bool = False,
+                 key_mask=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+        """``(dq, dk, dv, dparams)`` with dparams keyed by the learnable names."""
+        dq, dk, dv, *grads = self._backward(dout, q, k, v, params, causal, key_mask)
+        return dq, dk, dv, dict(zip(self.learnable, grads))
+
+
+def _m(head_dim, num_features):
+    return head_dim if num_features is None else num_features
+
+
+def _flex_s_init(H, d, m, L, rng, dtype):
+    return {"omega": initialisers.flex_s_omega(H, _m(d, m), d, rng=rng, dtype=dtype)}
+
+
+def _flex_n_init(H, d, m, L, rng, dtype):
+    o1, o2, tau = initialisers.flex_n_params(H, _m(d, m), d, rng=rng, dtype=dtype)
+    return {"omega1": o1, "omega2": o2, "tau": tau}
+
+
+def _linformer_init(H, d, m, L, rng, dtype):
+    if L is None:
+        raise ValueError("linformer needs max_len (the longest sequence, Nmax) to size E and F")
+    gen = initialisers.as_generator(rng)
+    kp = 64 if m is None else m
+    return {"E": initialisers.linformer_projections(kp, L, H, rng=gen, dtype=dtype),
+            "F": initialisers.linformer_projections(kp, L, H, rng=gen, dtype=dtype)}
+
+
+def _elu1(x):
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def _elu1_grad(x):
+    return np.where(x > 0, 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def _elu_forward(q, k, v, p, causal, mask):
+    q, k = np.asarray(q), np.asarray(k)
+    return lin.linear_attention(_elu1(q).astype(q.dtype), _elu1(k).astype(k.dtype), v,
+                                causal=causal, key_mask=mask)
+
+
+def _elu_backward(dout, q, k, v, p, causal, mask):
+    q, k = np.asarray(q), np.asarray(k)
+    dpq, dpk, dv = lin.linear_attention_backward(dout, _elu1(q).astype(q.dtype), _elu1(k).astype(k.dtype),
+                                                 v, causal=causal, key_mask=mask)
+    return (dpq * _elu1_grad(q)).astype(q.dtype), (dpk * _elu1_grad(k)).astype(k.dtype), dv
+
+
+_KINDS: Dict[str, AttentionKind] = {}
+
+
+def _register(kind: AttentionKind) -> None:
+    _KINDS[kind.name] = kind
+
+
+_register(AttentionKind(
+    "softmax", "exact softmax attention (online softmax, O(N) memory)", (), (), True, True,
+    "O(N^2 (d + e))",
+    lambda H, d, m, L, rng, dt: {},
+    lambda q, k, v, p, c, mk: sm.softmax_attention(q, k, v, causal=c, key_mask=mk),
+    lambda do, q, k, v, p, c, mk: sm.softmax_attention_backward(do, q, k, v, causal=c, key_mask=mk)))
+_register(AttentionKind(
+    "flex_s", "Flexformer_s: stationary learnable random Fourier features", ("omega",), ("omega",),
+    True, True, "O(N m (d + e))", _flex_s_init,
+    lambda q, k, v, p, c, mk: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk),
+    lambda do, q, k, v, p, c, mk: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c, key_mask=mk)))
+_register(AttentionKind(
+    "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale",
+    ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), True, True, "O(N m (d + e))", _flex_n_init,
+    lambda q, k, v, p, c, mk: lin.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"],
+                                                   causal=c, key_mask=mk),
+    lambda do, q, k, v, p, c, mk: lin.flex_n_attention_backward(do, q, k, v, p["omega1"], p["omega2"],
+                                                                p["tau"], causal=c, key_mask=mk)))
+_register(AttentionKind(
+    "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)",
+    ("omega",), (), True, True, "O(N m (d + e))", _flex_s_init,
+    lambda q, k, v, p, c, mk: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk),
+    lambda do, q, k, v, p, c, mk: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
+                                                                key_mask=mk)[:3]))
+_register(AttentionKind(
+    "performer", "Performer FAVOR+: fixed positive random features", ("omega",), (), True, True,
+    "O(N m (d + e))",
+    lambda H, d, m, L, rng, dt: {"omega": initialisers.performer_omega(H, _m(d, m), d, rng=rng, dtype=dt)},
+    lambda q, k, v, p, c, mk: lin.performer_attention(q, k, v, p["omega"], causal=c, key_mask=mk),
+    lambda do, q, k, v, p, c, mk: lin.performer_attention_backward(do, q, k, v, p["omega"], causal=c,
+                                                                   key_mask=mk)))
+_register(AttentionKind(
+    "hedgehog", "Hedgehog: learnable softmax feature map", ("W",), ("W",), True, True, "O(N m (d + e))",
+    lambda H, d, m, L, rng, dt: {"W": initialisers.hedgehog_weights(H, d, m, rng=rng, dtype=dt)},
+    lambda q, k, v, p, c, mk: lin.hedgehog_attention(q, k, v, p["W"], causal=c, key_mask=mk),
+    lambda do, q, k, v, p, c, mk: lin.hedgehog_attention_backward(do, q, k, v, p["W"], causal=c, key_mask=mk)))
+_register(AttentionKind(
+    "linformer", "Linformer: keys and values projected along the sequence to kp rows", ("E", "F"),
+    ("E", "F"), False, True, "O(N kp (d + e))", _linformer_init,
+    lambda q, k, v, p, c, mk: sm.linformer_attention(q, k, v, p["E"], p["F"], causal=c, key_mask=mk),
+    lambda do, q, k, v, p, c, mk: sm.linformer_attention_backward(do, q, k, v, p["E"], p["F"], causal=c,
+                                                                  key_mask=mk)))
+_register(AttentionKind(
+    "elu", "linear attention with elu(x) + 1 features (the generic core)", (), (), True, True,
+    "O(N d e)", lambda H, d, m, L, rng, dt: {}, _elu_forward, _elu_backward))
+
+
+def attention_kinds() -> List[str]:
+    """Names of the registered attention kinds."""
+    return sorted(_KINDS)
+
+
+def get_attention(name: str) -> AttentionKind:
+    """The kind called ``name``; ValueError listing the choices for an unknown name."""
+    try:
+        return _KINDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown attention kind {name!r}; choose one of: {', '.join(attention_kinds())}") from None

@@ -1,0 +1,128 @@
+"""The softmax family: exact softmax attention and Linformer, NumPy in / NumPy out.
+
+Shapes as in :mod:`flexformer.attention`: q (B, H, Nq, d), k (B, H, Nk, d),
+v (B, H, Nk, e), key_mask (B, Nk) bool (True = attend); float32 or float64.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import _C
+
+
+def _check(causal: bool, scale: Optional[float]) -> None:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if scale is not None and (isinstance(scale, (bool, np.bool_))
+                              or not isinstance(scale, (int, float, np.floating, np.integer))):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+
+
+def softmax_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    scale: Optional[float] = None,
+) -> np.ndarray:
+    """Exact softmax attention softmax(q k^T * scale) v, in O(N^2) time and O(N) memory.
+
+    Keys are processed in tiles with a running maximum and sum per query row (online
+    softmax), so no (Nq, Nk) matrix is ever allocated.
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        (B, H, Nq, d), (B, H, Nk, d), (B, H, Nk, e).
+    causal : bool
+        Row i attends to keys j <= i (needs Nq == Nk).
+    key_mask : ndarray of bool, optional
+        (B, Nk); False keys are left out. A row with no visible key returns zeros.
+    scale : float, optional
+        Logit scale, default 1 / sqrt(d).
+
+    Returns
+    -------
+    ndarray (B, H, Nq, e)
+    """
+    _check(causal, scale)
+    return _C.softmax_forward(q, k, v, key_mask=key_mask, causal=bool(causal),
+                              scale=None if scale is None else float(scale))
+
+
+def softmax_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    scale: Optional[float] = None,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients ``(dq, dk, dv)`` of :func:`softmax_attention` (recomputes the forward)."""
+    _check(causal, scale)
+    return _C.softmax_backward(dout, q, k, v, key_mask=key_mask, causal=bool(causal),
+                               scale=None if scale is None else float(scale))
+
+
+def linformer_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    E: np.ndarray,
+    F: np.ndarray,
+    *,
+    key_mask: Optional[np.ndarray] = None,
+    scale: Optional[float] = None,
+    causal: bool = False,
+) -> np.ndarray:
+    """Linformer attention (Wang et al., 2020): softmax(q (E k)^T * scale) (F v).
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        (B, H, Nq, d), (B, H, Nk, d), (B, H, Nk, e).
+    E, F : ndarray
+        Sequence projections, (kp, Nmax) shared by all heads or (H, kp, Nmax) per head,
+        both the same layout, Nmax >= Nk; a shorter sequence uses the first Nk columns.
+        Passing one array as both E and F (key-value sharing), or the same arrays in
+        several layers (layerwise sharing), works: sum the returned gradients.
+    key_mask : ndarray of bool, optional
+        (B, Nk); masked keys and values are left out of the projected sums.
+    scale : float, optional
+        Logit scale, default 1 / sqrt(d).
+    causal : bool
+        Must be False: the projection mixes every position, so causal attention is not
+        defined; True raises ValueError saying so.
+
+    Returns
+    -------
+    ndarray (B, H, Nq, e)
+    """
+    _check(causal, scale)
+    return _C.linformer_forward(q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
+                                scale=None if scale is None else float(scale))
+
+
+def linformer_attention_backward(
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    E: np.ndarray,
+    F: np.ndarray,
+    *,
+    key_mask: Optional[np.ndarray] = None,
+    scale: Optional[float] = None,
+    causal: bool = False,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients ``(dq, dk, dv, dE, dF)`` of :func:`linformer_attention`; dE and dF have
+    the shapes of E and F (columns at or beyond Nk, and of masked keys, are zero)."""
+    _check(causal, scale)
+    return _C.linformer_backward(dout, q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
+                                 scale=None if scale is None else float(scale))
