@@ -1,0 +1,56 @@
+"""The registry: every kind's init / forward / backward, checked the same way."""
+import numpy as np
+import pytest
+
+import flexformer as ff
+from flexformer.testing import gradcheck
+
+from conftest import random_mask
+
+
+@pytest.mark.parametrize("name", ff.attention_kinds())
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_every_kind_gradients_through_the_registry(name, causal):
+    kind = ff.get_attention(name)
+    if causal and not kind.causal:
+        pytest.skip(f"{name} has no causal mode")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 66, 3)) * 0.5 for _ in range(3))
+    params = kind.init(2, 3, num_features=4, max_len=70, rng=1)
+    assert set(params) == set(kind.params)
+    mask = random_mask(1, 66, seed=2)
+    learn = list(kind.learnable)
+
+    def forward(q, k, v, *ps):
+        return kind.forward(q, k, v, {**params, **dict(zip(learn, ps))}, causal=causal, key_mask=mask)
+
+    def backward(do, q, k, v, *ps):
+        dq, dk, dv, grads = kind.backward(do, q, k, v, {**params, **dict(zip(learn, ps))},
+                                          causal=causal, key_mask=mask)
+        assert set(grads) == set(learn)
+        return (dq, dk, dv) + tuple(grads[n] for n in learn)
+
+    gradcheck(forward, backward, (q, k, v) + tuple(params[n] for n in learn),
+              names=("q", "k", "v") + tuple(learn))
+
+
+@pytest.mark.parametrize("name", ff.attention_kinds())
+def test_float32_params_and_inputs(name):
+    kind = ff.get_attention(name)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 2, 40, 8)).astype(np.float32) * 0.5 for _ in range(3))
+    params = kind.init(2, 8, max_len=40, num_features=8, rng=4, dtype=np.float32)
+    out = kind.forward(q, k, v, params)
+    assert out.dtype == np.float32 and np.isfinite(out).all()
+    dq, dk, dv, grads = kind.backward(np.ones_like(out), q, k, v, params)
+    assert all(g.dtype == np.float32 for g in (dq, dk, dv, *grads.values()))
+
+
+def test_rfa_is_flex_s_with_frozen_frequencies():
+    rfa, flex = ff.get_attention("rfa"), ff.get_attention("flex_s")
+    assert rfa.learnable == () and flex.learnable == ("omega",)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 20, 4)) for _ in range(3))
+    params = rfa.init(2, 4, rng=6)
+    np.testing.assert_array_equal(rfa.forward(q, k, v, params), flex.forward(q, k, v, params))
+    assert rfa.backward(np.ones((1, 2, 20, 4)), q, k, v, params)[3] == {}
