@@ -28,6 +28,7 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 from . import _C
+from ._checks import check_bool, check_real
 
 DEFAULT_EPS = 1e-4
 
@@ -35,10 +36,8 @@ ArrayOrPair = Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]
 
 
 def _check_flags(causal: bool, eps: float) -> None:
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating, np.integer)):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    check_bool("causal", causal)
+    check_real("eps", eps)
 
 
 def flex_s_attention(

@@ -10,14 +10,12 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import _C
+from ._checks import check_bool, check_real
 
 
 def _check(causal: bool, scale: Optional[float]) -> None:
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if scale is not None and (isinstance(scale, (bool, np.bool_))
-                              or not isinstance(scale, (int, float, np.floating, np.integer))):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    check_bool("causal", causal)
+    check_real("scale", scale, optional=True)
 
 
 def softmax_attention(
