@@ -70,6 +70,28 @@ static inline int ff_thread_id(void)
 #define FF_HOT
 #endif
 
+/* Run-time choice between code compiled for x86-64 levels 2 (baseline), 3 (AVX2, FMA)
+ * and 4 (AVX-512): dense.inc compiles its products for each. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && (__GNUC__ >= 11) && \
+    !defined(FF_NO_CLONES)
+#define FF_X86_DISPATCH 1
+static inline int ff_cpu_level(void)
+{
+    static int level = 0; /* written once with the same value by any thread: benign */
+    if (!level) {
+        __builtin_cpu_init();
+        level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
+                    ? 4
+                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 3
+                                                                                   : 2;
+    }
+    return level;
+}
+#else
+#define FF_X86_DISPATCH 0
+#endif
+
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */
 #define FF_BLOCK 64

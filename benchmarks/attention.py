@@ -1,0 +1,375 @@
+"""Attention speed and memory against PyTorch, on this machine, in one run.
+
+    python benchmarks/attention.py                 # the full sweep (minutes; needs torch)
+    python benchmarks/attention.py --quick         # a seconds-long smoke run (CI)
+
+Times forward and forward+backward (median of --repeats runs after three warm-up calls), float32,
+B=1, H=8, d=e=m=64, every configuration in a fresh subprocess with 2 threads
+(OMP_NUM_THREADS, torch.set_num_threads), and records that subprocess's peak resident
+memory above its resident size before the first call (the kernel's VmHWM, reset through
+/proc/self/clear_refs after setup, so C allocations count and imports do not).
+Implementations:
+
+* ff_flex_n, ff_flex_s, ff_softmax, ff_performer, ff_linformer: this package's C kernels;
+* torch_flex_n, torch_flex_s: the same Flexformer math in PyTorch (benchmarks/torch_flex.py);
+* torch_sdpa: torch.nn.functional.scaled_dot_product_attention.
+
+torch and matplotlib are optional: without torch the torch rows are skipped, without
+matplotlib the plot is. Writes JSON (and a PNG) into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TARGETS = [
+    # (what, value) lines checked at the end of a full run
+    "flex_n fwd+bwd at N=4096 >= 2x faster than torch_flex_n (both modes); flex_s likewise",
+    "flex_n fwd+bwd at N=16384 >= 10x faster than torch_sdpa (bidirectional)",
+    "time(16384) / time(2048) <= 9 for flex_n, both modes",
+    "flex_n bidirectional forward >= 40% of numpy's float32 matmul rate",
+    "call overhead < 20 us per kernel at tiny shapes",
+]
+
+IMPLS = {
+    "ff_flex_n": ("both", False),
+    "ff_flex_s": ("both", False),
+    "torch_flex_n": ("both", True),
+    "torch_flex_s": ("both", True),
+    "torch_sdpa": ("both", True),
+    "ff_softmax": ("both", False),
+    "ff_performer": ("both", False),
+    "ff_linformer": ("bidir", False),
+}
+
+
+# --------------------------------------------------------------------------- worker
+
+def _reset_peak() -> bool:
+    """Reset this process's resident high-water mark (Linux: /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _memory_kib(field: str) -> float:
+    """VmHWM (peak) or VmRSS (current) of this process in KiB, from /proc/self/status."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return float(line.split()[1])
+    raise OSError(field)
+
+
+def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threads: int) -> dict:
+    import resource
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    B, m, kp = 1, d, 256
+    q, k, v, dout = (rng.standard_normal((B, H, N, d)).astype(np.float32) * 0.3 for _ in range(4))
+    if impl.startswith("torch"):
+        import torch
+
+        torch.set_num_threads(threads)
+        sys.path.insert(0, HERE)
+        import torch_flex
+
+        tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+        tdo = torch.tensor(dout)
+        import flexformer as ff
+
+        o1, o2, tau = (torch.tensor(x, requires_grad=True)
+                       for x in ff.init.flex_n_params(H, m, d, rng=1, dtype=np.float32))
+        omega = torch.tensor(ff.init.flex_s_omega(H, m, d, rng=1, dtype=np.float32), requires_grad=True)
+        if impl == "torch_flex_n":
+            f = lambda: torch_flex.flex_n_attention(tq, tk, tv, o1, o2, tau, causal=causal)
+        elif impl == "torch_flex_s":
+            f = lambda: torch_flex.flex_s_attention(tq, tk, tv, omega, causal=causal)
+        else:
+            f = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+        def fwd():
+            with torch.no_grad():
+                f()
+
+        def both():
+            f().backward(tdo)
+    else:
+        import flexformer as ff
+
+        ff.set_num_threads(threads)
+        if impl == "ff_flex_n":
+            p = ff.init.flex_n_params(H, m, d, rng=1, dtype=np.float32)
+            fwd = lambda: ff.flex_n_attention(q, k, v, *p, causal=causal)
+            bwd = lambda: ff.flex_n_attention_backward(dout, q, k, v, *p, causal=causal)
+        elif impl == "ff_flex_s":
+            p = (ff.init.flex_s_omega(H, m, d, rng=1, dtype=np.float32),)
+            fwd = lambda: ff.flex_s_attention(q, k, v, *p, causal=causal)
+            bwd = lambda: ff.flex_s_attention_backward(dout, q, k, v, *p, causal=causal)
+        elif impl == "ff_performer":
+            p = (ff.init.performer_omega(H, m, d, rng=1, dtype=np.float32),)
+            fwd = lambda: ff.performer_attention(q, k, v, *p, causal=causal)
+            bwd = lambda: ff.performer_attention_backward(dout, q, k, v, *p, causal=causal)
+        elif impl == "ff_softmax":
+            fwd = lambda: ff.softmax_attention(q, k, v, causal=causal)
+            bwd = lambda: ff.softmax_attention_backward(dout, q, k, v, causal=causal)
+        elif impl == "ff_linformer":
+            E = ff.init.linformer_projections(kp, N, H, rng=1, dtype=np.float32)
+            F = ff.init.linformer_projections(kp, N, H, rng=2, dtype=np.float32)
+            fwd = lambda: ff.linformer_attention(q, k, v, E, F)
+            bwd = lambda: ff.linformer_attention_backward(dout, q, k, v, E, F)
+        else:
+            raise SystemExit(f"unknown implementation {impl}")
+
+        def both():
+            fwd()
+            bwd()
+
+    # peak memory: the high-water mark above the resident size before the first call,
+    # reset first so that imports and setup do not hide it (ru_maxrss as a fallback)
+    exact = _reset_peak()
+    base_kib = _memory_kib("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def median(fn):
+        for _ in range(3):  # warm-up: the first calls also pay for fresh pages
+            fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    result = {"fwd_s": median(fwd), "fwdbwd_s": median(both)}
+    peak_kib = _memory_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result["peak_mib"] = (peak_kib - base_kib) / 1024.0
+    return result
+
+
+def _matmul_rate(threads: int) -> float:
+    """numpy float32 2048 x 2048 matmul rate in GFLOP/s (run in the worker's environment)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    a @ a
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - start)
+    return 2 * 2048 ** 3 / float(np.median(times)) / 1e9
+
+
+def _call_overhead(threads: int) -> dict:
+    """Microseconds per call at a tiny shape (B=H=1, N=8, d=e=m=4)."""
+    import numpy as np
+
+    import flexformer as ff
+
+    ff.set_num_threads(threads)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 8, 4)).astype(np.float32) for _ in range(3))
+    p = ff.init.flex_n_params(1, 4, 4, rng=0, dtype=np.float32)
+    calls = {
+        "flex_n_attention": lambda: ff.flex_n_attention(q, k, v, *p),
+        "flex_n_attention_backward": lambda: ff.flex_n_attention_backward(v, q, k, v, *p),
+        "softmax_attention": lambda: ff.softmax_attention(q, k, v),
+    }
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(200):
+            fn()
+        start = time.perf_counter()
+        for _ in range(5000):
+            fn()
+        out[name] = (time.perf_counter() - start) / 5000 * 1e6
+    return out
+
+
+# --------------------------------------------------------------------------- driver
+
+def _run_worker(args_list, threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker"] + [str(a) for a in args_list],
+                         env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def flex_n_forward_flops(N: int, H: int, d: int, m: int, e: int) -> float:
+    """Multiply-adds x 2 of the flex_n bidirectional forward: the four projections
+    (q and k, A and B), the key state sum_j f(k_j) v_j^T and the outputs f(q_i)^T S."""
+    F = 2 * m
+    return H * (2 * 2 * N * m * d * 2 + N * F * e * 2 + N * F * e * 2)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        kind = sys.argv[2]
+        if kind == "matmul":
+            print(json.dumps({"gflops": _matmul_rate(int(sys.argv[3]))}))
+        elif kind == "overhead":
+            print(json.dumps(_call_overhead(int(sys.argv[3]))))
+        else:
+            impl, causal, N, H, d, repeats, threads = sys.argv[2:9]
+            print(json.dumps(_worker(impl, causal == "1", int(N), int(H), int(d), int(repeats), int(threads))))
+        return 0
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    parser.add_argument("--quick", action="store_true", help="smoke run: N in {256, 512}, H=2, 2 repeats")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.heads, args.repeats = [256, 512], 2, 2
+    try:
+        import torch  # noqa: F401
+        have_torch = True
+    except ImportError:
+        have_torch = False
+        print("torch is not installed: skipping the torch rows (pip install torch==2.13.0)")
+    os.makedirs(args.out, exist_ok=True)
+
+    rows = []
+    for impl in args.impls:
+        modes, needs_torch = IMPLS[impl]
+        if needs_torch and not have_torch:
+            continue
+        for causal in ([False] if modes == "bidir" else [False, True]):
+            for N in args.sizes:
+                res = _run_worker([impl, int(causal), N, args.heads, args.head_dim, args.repeats, args.threads],
+                                  args.threads)
+                row = {"impl": impl, "causal": causal, "N": N, **res}
+                rows.append(row)
+                if "error" in res:
+                    print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  error: {res['error']}")
+                else:
+                    print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  fwd {res['fwd_s'] * 1e3:10.2f} ms"
+                          f"  fwd+bwd {res['fwdbwd_s'] * 1e3:10.2f} ms  peak {res['peak_mib']:8.1f} MiB", flush=True)
+
+    matmul = _run_worker(["matmul", args.threads], args.threads).get("gflops")
+    overhead = _run_worker(["overhead", args.threads], args.threads)
+
+    def get(impl, causal, N, key="fwdbwd_s"):
+        for r in rows:
+            if r["impl"] == impl and r["causal"] == causal and r["N"] == N and key in r:
+                return r[key]
+        return None
+
+    summary = {}
+    print("\nratios in this run (peer time / ours; > 1 means this package is faster)")
+    for N in args.sizes:
+        for causal in (False, True):
+            mode = "causal" if causal else "bidir"
+            for ours, peer in (("ff_flex_n", "torch_flex_n"), ("ff_flex_s", "torch_flex_s"),
+                               ("ff_flex_n", "torch_sdpa"), ("ff_softmax", "torch_sdpa")):
+                a, b = get(ours, causal, N), get(peer, causal, N)
+                if a and b:
+                    summary[f"{peer}/{ours} fwd+bwd {mode} N={N}"] = b / a
+                    print(f"  {peer:13s} / {ours:10s} fwd+bwd {mode:6s} N={N:6d}: {b / a:7.2f}x")
+    lo, hi = min(args.sizes), max(args.sizes)
+    for causal in (False, True):
+        a, b = get("ff_flex_n", causal, lo), get("ff_flex_n", causal, hi)
+        if a and b:
+            mode = "causal" if causal else "bidir"
+            summary[f"flex_n time({hi})/time({lo}) {mode}"] = b / a
+            ma, mb = get("ff_flex_n", causal, lo, "peak_mib"), get("ff_flex_n", causal, hi, "peak_mib")
+            summary[f"flex_n peak({hi})/peak({lo}) {mode}"] = mb / ma if ma else None
+            print(f"  flex_n {mode}: time({hi})/time({lo}) = {b / a:.2f} (linear: {hi / lo:.0f}), "
+                  f"peak memory {ma:.1f} -> {mb:.1f} MiB")
+    roof = {}
+    if matmul:
+        for N in args.sizes:
+            t = get("ff_flex_n", False, N, "fwd_s")
+            if t:
+                rate = flex_n_forward_flops(N, args.heads, args.head_dim, args.head_dim, args.head_dim) / t / 1e9
+                roof[N] = rate
+        print(f"\nnumpy float32 2048^2 matmul: {matmul:.1f} GFLOP/s ({args.threads} threads)")
+        for N, rate in roof.items():
+            print(f"  flex_n bidirectional forward N={N}: {rate:.1f} GFLOP/s = {100 * rate / matmul:.0f}% of it")
+    print("call overhead at tiny shapes (us per call):",
+          ", ".join(f"{k} {v:.1f}" for k, v in overhead.items() if isinstance(v, float)))
+
+    record = {
+        "config": {"B": 1, "H": args.heads, "d": args.head_dim, "e": args.head_dim, "m": args.head_dim,
+                   "dtype": "float32", "threads": args.threads, "repeats": args.repeats,
+                   "cpu": _cpu_name(), "torch": _torch_version()},
+        "rows": rows, "ratios": summary, "matmul_gflops": matmul,
+        "flex_n_forward_gflops": roof, "call_overhead_us": overhead, "targets": TARGETS,
+    }
+    name = "attention_quick" if args.quick else "attention"
+    with open(os.path.join(args.out, name + ".json"), "w") as fh:
+        json.dump(record, fh, indent=2)
+    _plot(rows, os.path.join(args.out, name + ".png"))
+    print(f"wrote {os.path.join(args.out, name + '.json')}")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _torch_version():
+    try:
+        import torch
+        return torch.__version__
+    except ImportError:
+        return None
+
+
+def _plot(rows, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    series = sorted({(r["impl"], r["causal"]) for r in rows if "fwdbwd_s" in r})
+    for impl, causal in series:
+        pts = sorted((r["N"], r["fwdbwd_s"], r["peak_mib"]) for r in rows
+                     if r["impl"] == impl and r["causal"] == causal and "fwdbwd_s" in r)
+        label = f"{impl} ({'causal' if causal else 'bidir'})"
+        style = "--" if causal else "-"
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=label)
+        axes[1].plot([p[0] for p in pts], [max(p[2], 0.1) for p in pts], style, marker="o", label=label)
+    for ax, title in zip(axes, ("forward+backward time (s)", "peak memory above start (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("float32, B=1, H=8, d=e=m=64, 2 threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
