@@ -61,17 +61,9 @@ static inline int ff_thread_id(void)
 #endif
 }
 
-/* Hot loops get extra copies for newer x86-64 levels, picked at load time (GCC's
- * function multiversioning); the default copy runs everywhere. FF_NO_CLONES disables. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
-    !defined(FF_NO_CLONES) && (__GNUC__ >= 11)
-#define FF_HOT __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define FF_HOT
-#endif
-
 /* Run-time choice between code compiled for x86-64 levels 2 (baseline), 3 (AVX2, FMA)
- * and 4 (AVX-512): dense.inc compiles its products for each. */
+ * and 4 (AVX-512): dense.inc and trig.inc compile their hot loops for each.
+ * FF_NO_CLONES builds the baseline only. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && (__GNUC__ >= 11) && \
     !defined(FF_NO_CLONES)
 #define FF_X86_DISPATCH 1
@@ -80,11 +72,16 @@ static inline int ff_cpu_level(void)
     static int level = 0; /* written once with the same value by any thread: benign */
     if (!level) {
         __builtin_cpu_init();
-        level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
-                    ? 4
-                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 3
-                                                                                   : 2;
+        int found = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
+                        ? 4
+                    : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 3
+                                                                                       : 2;
+        /* FLEXFORMER_CPU_LEVEL=2 or 3 caps the level (tests run every path this way) */
+        const char *cap = getenv("FLEXFORMER_CPU_LEVEL");
+        if (cap && cap[0] >= '2' && cap[0] <= '4' && cap[1] == 0 && cap[0] - '0' < found)
+            found = cap[0] - '0';
+        level = found;
     }
     return level;
 }
