@@ -10,7 +10,7 @@ Quick start::
 import numpy as np
 
 from . import _C
-from . import init, reference, testing
+from . import data, init, nn, reference, testing, training
 from .attention import (
     DEFAULT_EPS,
     flex_n_attention,
@@ -73,9 +73,12 @@ __all__ = [
     "flex_s_attention",
     "flex_s_attention_backward",
     "get_num_threads",
+    "data",
     "init",
+    "nn",
     "openmp_enabled",
     "reference",
     "set_num_threads",
     "testing",
+    "training",
 ]

@@ -1,13 +1,18 @@
-"""Command line: ``python -m flexformer [demo]``.
+"""Command line: ``python -m flexformer {train,compare,demo}``.
 
-``demo`` (the default) times Flexformer_n attention forward and forward+backward at a
-chosen size, bidirectional and causal, and shows how close the freshly initialised
-kernel is to exact softmax attention on the same inputs.
+``train`` trains a small model on a task (default: flex_n attention on generated ListOps)
+and writes a checkpoint and metrics.json; ``compare`` runs several attention kinds under
+the same budget and prints a markdown table; ``demo`` times Flexformer_n attention and
+shows how close the freshly initialised kernel is to exact softmax attention.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from typing import List, Optional
 
@@ -69,29 +74,157 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_args(p: argparse.ArgumentParser) -> None:
+    from .training import TASKS, TrainConfig
+
+    d = TrainConfig()
+    p.add_argument("--task", default=d.task, help=f"one of {', '.join(TASKS)} (default {d.task})")
+    p.add_argument("--attention", default=d.attention, help="attention kind (default flex_n); "
+                   "see flexformer.attention_kinds()")
+    p.add_argument("--dim", type=int, default=d.dim, help=f"model width (default {d.dim})")
+    p.add_argument("--depth", type=int, default=d.depth, help=f"blocks (default {d.depth})")
+    p.add_argument("--heads", type=int, default=d.heads, help=f"attention heads (default {d.heads})")
+    p.add_argument("--features", type=int, default=None, help="m for feature-map kinds, kp for linformer")
+    p.add_argument("--linformer-sharing", default=d.linformer_sharing,
+                   help="none, headwise, key-value or layerwise (default none)")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"sequence length (default {d.seq_len})")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"training steps (default {d.steps}; with --resume: a new total)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"(default {d.batch_size})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate (default {d.lr})")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=0, help="kernel threads (default: OpenMP's)")
+    p.add_argument("--data-dir", default=None, help="data folder (fmnist, text-lm, text-cls)")
+    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+
+
+def _config_from(args):
+    from .training import TrainConfig
+
+    return TrainConfig(task=args.task, attention=args.attention, dim=args.dim, depth=args.depth,
+                       heads=args.heads, num_features=args.features, linformer_sharing=args.linformer_sharing,
+                       seq_len=args.seq_len, steps=args.steps or TrainConfig.steps,
+                       batch_size=args.batch_size, lr=args.lr,
+                       weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
+                       threads=args.threads, data_dir=args.data_dir, eval_batches=args.eval_batches,
+                       checkpoint_every=args.checkpoint_every)
+
+
+def train_command(args) -> int:
+    from .training import train
+
+    cfg = _config_from(args)
+    if args.resume:
+        out = args.resume
+    else:
+        out = args.out or os.path.join("runs", f"{cfg.task}-{cfg.attention}-{time.strftime('%Y%m%d-%H%M%S')}")
+        cfg.validate()
+    print(f"flexformer train: task {cfg.task}, attention {cfg.attention}, writing to {out}", file=sys.stderr)
+    metrics = train(cfg, out, resume=bool(args.resume), progress=not args.quiet,
+                    steps=args.steps if args.resume else None)
+    shown = {k: v for k, v in metrics.items() if k != "config"}
+    print(json.dumps(shown, indent=2))
+    if metrics.get("interrupted"):
+        print(f"interrupted: checkpoint written; continue with --resume {out}", file=sys.stderr)
+    return 0
+
+
+def compare_command(args) -> int:
+    """Each attention kind x seed in its own process (peak memory per run), same budget."""
+    kinds = [k.strip() for k in args.attentions.split(",") if k.strip()]
+    from .registry import get_attention
+
+    for k in kinds:
+        get_attention(k)
+    rows = []
+    for kind in kinds:
+        results = []
+        for seed in range(args.seeds):
+            with tempfile.TemporaryDirectory(prefix="flexformer-compare-") as tmp:
+                cmd = [sys.executable, "-m", "flexformer", "train", "--quiet", "--out", tmp,
+                       "--attention", kind, "--seed", str(seed)] + args.train_args
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                _, status, usage = os.wait4(proc.pid, 0)
+                err = proc.stderr.read()
+                proc.stderr.close()
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                if proc.returncode != 0:
+                    print(f"{kind} seed {seed} failed: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}",
+                          file=sys.stderr)
+                    continue
+                with open(os.path.join(tmp, "metrics.json")) as fh:
+                    m = json.load(fh)
+                m["peak_mib"] = usage.ru_maxrss / 1024.0
+                results.append(m)
+                print(f"{kind} seed {seed}: " + ", ".join(f"{k} {m[k]:.4g}" for k in
+                      ("eval_accuracy", "eval_bits_per_char", "eval_loss", "tokens_per_s") if k in m),
+                      file=sys.stderr)
+        rows.append((kind, results))
+    metric = None
+    for _, res in rows:
+        for m in res:
+            metric = "eval_bits_per_char" if "eval_bits_per_char" in m else "eval_accuracy"
+    print(f"| attention | {metric} (mean ± std over seeds) | eval loss | tokens/s | peak memory (MiB) | runs |")
+    print("|---|---|---|---|---|---|")
+    for kind, res in rows:
+        if not res:
+            print(f"| {kind} | failed | | | | 0 |")
+            continue
+        vals = np.array([m[metric] for m in res])
+        print(f"| {kind} | {vals.mean():.4f} ± {vals.std():.4f} | {np.mean([m['eval_loss'] for m in res]):.4f} | "
+              f"{np.mean([m['tokens_per_s'] for m in res]):,.0f} | {np.max([m['peak_mib'] for m in res]):.0f} | "
+              f"{len(res)} |")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flexformer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
+    t = sub.add_parser("train", help="train and evaluate a model (default: flex_n on ListOps)")
+    _train_args(t)
+    t.add_argument("--out", default=None, help="run folder (default: a new one under runs/)")
+    t.add_argument("--resume", default=None, metavar="DIR", help="continue the run saved in DIR")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    c = sub.add_parser("compare", help="several attention kinds under one budget: a markdown table")
+    c.add_argument("--attentions", default="softmax,flex_s,flex_n,rfa,performer,hedgehog,linformer")
+    c.add_argument("--seeds", type=int, default=3)
+    c.add_argument("train_args", nargs=argparse.REMAINDER,
+                   help="arguments passed to every train run (e.g. --task listops --steps 300)")
     p = sub.add_parser("demo", help="time Flexformer_n attention and compare it with softmax")
-    for target in (parser, p):
-        target.add_argument("--seq-len", type=int, default=4096, help="sequence length N (default 4096)")
-        target.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
-        target.add_argument("--head-dim", type=int, default=64, help="head size d = e (default 64)")
-        target.add_argument("--features", type=int, default=64, help="frequencies m (default 64)")
-        target.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
-        target.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
-        target.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seq-len", type=int, default=4096, help="sequence length N (default 4096)")
+    p.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
+    p.add_argument("--head-dim", type=int, default=64, help="head size d = e (default 64)")
+    p.add_argument("--features", type=int, default=64, help="frequencies m (default 64)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
+    p.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
+    p.add_argument("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    for name in ("seq_len", "heads", "head_dim", "features", "repeats"):
-        if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
-    return demo(args)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        argv = ["train"]
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "train":
+            return train_command(args)
+        if args.command == "compare":
+            args.train_args = [a for a in args.train_args if a != "--"]
+            return compare_command(args)
+        for name in ("seq_len", "heads", "head_dim", "features", "repeats"):
+            if getattr(args, name) < 1:
+                print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+                return 2
+        return demo(args)
+    except (ValueError, FileNotFoundError, FloatingPointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""Fashion-MNIST as 784-pixel sequences (the Long Range Arena image task's analogue).
+
+Reads the four standard IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte, gzipped
+or not) from a folder; Debian's ``dataset-fashion-mnist`` package installs them in
+/usr/share/datasets/fashion-mnist. Each pixel (0..255) is one token.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from typing import Tuple
+
+import numpy as np
+
+DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+HOW_TO_GET = ("install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist) "
+              "or pass --data-dir with the four IDX files")
+
+
+def _open(folder: str, stem: str):
+    for name in (stem + ".gz", stem):
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            return gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")
+    raise FileNotFoundError(f"Fashion-MNIST file {stem}(.gz) not found in {folder}: {HOW_TO_GET}")
+
+
+def read_idx(fh) -> np.ndarray:
+    """An IDX array (the MNIST file format: magic, dimensions, unsigned bytes)."""
+    zero, dtype_code, ndim = struct.unpack(">HBB", fh.read(4))
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError("not an unsigned-byte IDX file")
+    shape = struct.unpack(">" + "I" * ndim, fh.read(4 * ndim))
+    data = np.frombuffer(fh.read(), dtype=np.uint8)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"IDX file is truncated: {data.size} bytes for shape {shape}")
+    return data.reshape(shape)
+
+
+def load(folder: str = DEFAULT_DIR, split: str = "train") -> Tuple[np.ndarray, np.ndarray]:
+    """(images (n, 784) uint8, labels (n,) int64) of the train or test split."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"Fashion-MNIST folder {folder} does not exist: {HOW_TO_GET}")
+    prefix = {"train": "train", "test": "t10k"}[split]
+    with _open(folder, f"{prefix}-images-idx3-ubyte") as fh:
+        images = read_idx(fh)
+    with _open(folder, f"{prefix}-labels-idx1-ubyte") as fh:
+        labels = read_idx(fh)
+    return images.reshape(len(images), -1), labels.astype(np.int64)
+
+
+class FashionMNIST:
+    """Batches of pixel sequences: ids (B, 784), mask, labels."""
+
+    num_classes = 10
+    vocab_size = 256
+    seq_len = 784
+
+    def __init__(self, folder: str = DEFAULT_DIR):
+        self.train = load(folder, "train")
+        self.test = load(folder, "test")
+
+    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
+        images, labels = self.train if split == "train" else self.test
+        idx = rng.integers(len(images), size=batch_size)
+        ids = images[idx].astype(np.int64)
+        return ids, np.ones(ids.shape, bool), labels[idx]

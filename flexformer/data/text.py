@@ -1,0 +1,85 @@
+"""Plain-text data as bytes: character-level language modelling and long-document
+classification (which file a window of N bytes came from).
+
+Files are read from a folder given by the caller (``../shared/data/austen`` holds six
+novels for tests and examples); nothing is downloaded.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+HOW_TO_GET = "pass --data-dir with plain-text (.txt) files, e.g. ../shared/data/austen"
+
+
+def text_files(folder: str) -> List[str]:
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"text folder {folder} does not exist: {HOW_TO_GET}")
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".txt"))
+    if len(files) < 2:
+        raise FileNotFoundError(f"text folder {folder} needs at least two .txt files, found {len(files)}: "
+                                f"{HOW_TO_GET}")
+    return [os.path.join(folder, f) for f in files]
+
+
+def read_bytes(path: str) -> np.ndarray:
+    with open(path, "rb") as fh:
+        return np.frombuffer(fh.read(), dtype=np.uint8)
+
+
+class TextLM:
+    """Next-byte prediction: trains on every file but the evaluation file (default: the
+    last in name order) and evaluates on that one."""
+
+    vocab_size = 256
+
+    def __init__(self, folder: str, seq_len: int = 256, eval_file: Optional[str] = None):
+        files = text_files(folder)
+        names = [os.path.basename(f) for f in files]
+        if eval_file is None:
+            eval_file = names[-1]
+        if eval_file not in names:
+            raise ValueError(f"eval_file {eval_file!r} is not in {folder}; choose one of {names}")
+        self.seq_len = seq_len
+        self.eval_name = eval_file
+        self.train = np.concatenate([read_bytes(f) for f, n in zip(files, names) if n != eval_file])
+        self.test = read_bytes(files[names.index(eval_file)])
+        if min(len(self.train), len(self.test)) <= seq_len + 1:
+            raise ValueError(f"the text files in {folder} are shorter than seq_len + 1 = {seq_len + 1} bytes")
+
+    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
+        """(inputs (B, N), targets (B, N)): windows and the same windows shifted by one."""
+        data = self.train if split == "train" else self.test
+        start = rng.integers(len(data) - self.seq_len - 1, size=batch_size)
+        win = np.stack([data[s: s + self.seq_len + 1] for s in start]).astype(np.int64)
+        return win[:, :-1], win[:, 1:]
+
+
+class TextClassification:
+    """Which file a window of ``seq_len`` bytes came from. The last ``holdout`` fraction
+    of every file is kept whole for evaluation, so no evaluation window overlaps training."""
+
+    vocab_size = 256
+
+    def __init__(self, folder: str, seq_len: int = 512, holdout: float = 0.1):
+        files = text_files(folder)
+        self.names = [os.path.basename(f) for f in files]
+        self.num_classes = len(files)
+        self.seq_len = seq_len
+        self.train, self.test = [], []
+        for f in files:
+            data = read_bytes(f)
+            cut = int(len(data) * (1 - holdout))
+            if min(cut, len(data) - cut) <= seq_len:
+                raise ValueError(f"{f} is too short for seq_len {seq_len} with a {holdout:.0%} held-out part")
+            self.train.append(data[:cut])
+            self.test.append(data[cut:])
+
+    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
+        parts = self.train if split == "train" else self.test
+        labels = rng.integers(self.num_classes, size=batch_size)
+        ids = np.stack([parts[c][s: s + self.seq_len] for c, s in
+                        ((c, rng.integers(len(parts[c]) - self.seq_len)) for c in labels)]).astype(np.int64)
+        return ids, np.ones(ids.shape, bool), labels.astype(np.int64)

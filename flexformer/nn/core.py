@@ -1,0 +1,239 @@
+"""Parameters, modules and the dense layers, with hand-written backward passes in NumPy.
+
+A layer's ``forward`` keeps what its ``backward`` needs; ``backward(dy)`` returns the
+gradient for the layer's input and adds the parameter gradients into ``Parameter.grad``.
+A module used twice in one forward pass would overwrite that cache: build one module per
+use and share a :class:`Parameter` object instead (that is how Linformer's layerwise
+sharing works).
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+
+class Parameter:
+    """An array with its gradient. ``kind`` ("weight", "bias", "norm", "embedding" or
+    "kernel" for attention-kind parameters) lets the optimiser choose weight decay;
+    a fixed array (Performer's or RFA's frequencies) has ``grad`` None and is not trained."""
+
+    __slots__ = ("value", "grad", "kind")
+
+    def __init__(self, value: np.ndarray, *, kind: str = "weight", trainable: bool = True):
+        self.value = np.ascontiguousarray(value)
+        self.grad = np.zeros_like(self.value) if trainable else None
+        self.kind = kind
+
+
+class Module:
+    """A container of parameters and child modules with dotted names."""
+
+    def __init__(self) -> None:
+        self._params: Dict[str, Parameter] = {}
+        self._children: Dict[str, "Module"] = {}
+
+    def add_param(self, name: str, value, *, kind: str = "weight", trainable: bool = True) -> Parameter:
+        """Register ``value`` (an array, or a Parameter to share) under ``name``."""
+        p = value if isinstance(value, Parameter) else Parameter(value, kind=kind, trainable=trainable)
+        self._params[name] = p
+        return p
+
+    def add_child(self, name: str, module: "Module") -> "Module":
+        self._children[name] = module
+        return module
+
+    def named_parameters(self, prefix: str = "") -> List[Tuple[str, Parameter]]:
+        """(name, Parameter) pairs, each shared Parameter once (under its first name)."""
+        seen, out = set(), []
+        for name, p in self._iter_params(prefix):
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((name, p))
+        return out
+
+    def _iter_params(self, prefix: str) -> Iterator[Tuple[str, Parameter]]:
+        for name, p in self._params.items():
+            yield prefix + name, p
+        for name, child in self._children.items():
+            yield from child._iter_params(prefix + name + ".")
+
+    def parameters(self) -> Dict[str, np.ndarray]:
+        """Parameter values by dotted name."""
+        return {name: p.value for name, p in self.named_parameters()}
+
+    def gradients(self) -> Dict[str, np.ndarray]:
+        """Gradients of the trainable parameters by dotted name."""
+        return {name: p.grad for name, p in self.named_parameters() if p.grad is not None}
+
+    def zero_grad(self) -> None:
+        for _, p in self.named_parameters():
+            if p.grad is not None:
+                p.grad[...] = 0
+
+    def num_parameters(self) -> int:
+        return int(sum(p.value.size for _, p in self.named_parameters()))
+
+    def load_parameters(self, values: Dict[str, np.ndarray]) -> None:
+        """Copy values in by name; every parameter must be present with its shape."""
+        for name, p in self.named_parameters():
+            if name not in values:
+                raise KeyError(f"missing parameter {name!r}")
+            v = np.asarray(values[name])
+            if v.shape != p.value.shape:
+                raise ValueError(f"parameter {name!r} has shape {p.value.shape}, got {v.shape}")
+            p.value[...] = v
+
+
+class Linear(Module):
+    """y = x W + b with W (in, out)."""
+
+    def __init__(self, d_in: int, d_out: int, rng: np.random.Generator, *, bias: bool = True,
+                 dtype=np.float32, scale: Optional[float] = None):
+        super().__init__()
+        scale = 1.0 / np.sqrt(d_in) if scale is None else scale
+        self.W = self.add_param("W", (rng.standard_normal((d_in, d_out)) * scale).astype(dtype))
+        self.b = self.add_param("b", np.zeros(d_out, dtype), kind="bias") if bias else None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        self._x = x
+        y = x @ self.W.value
+        return y + self.b.value if self.b is not None else y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x2 = self._x.reshape(-1, self._x.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        self.W.grad += x2.T @ dy2
+        if self.b is not None:
+            self.b.grad += dy2.sum(0)
+        return dy @ self.W.value.T
+
+
+class LayerNorm(Module):
+    """Normalise the last axis, then scale and shift."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, dtype=np.float32):
+        super().__init__()
+        self.eps = eps
+        self.gamma = self.add_param("gamma", np.ones(dim, dtype), kind="norm")
+        self.beta = self.add_param("beta", np.zeros(dim, dtype), kind="norm")
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        mu = x.mean(-1, keepdims=True)
+        xc = x - mu
+        inv = 1.0 / np.sqrt((xc * xc).mean(-1, keepdims=True) + self.eps)
+        self._xhat, self._inv = xc * inv, inv
+        return self._xhat * self.gamma.value + self.beta.value
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        xhat, inv = self._xhat, self._inv
+        dim = xhat.shape[-1]
+        self.gamma.grad += (dy * xhat).reshape(-1, dim).sum(0)
+        self.beta.grad += dy.reshape(-1, dim).sum(0)
+        g = dy * self.gamma.value
+        return inv * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+
+
+_GELU_C = float(np.sqrt(2.0 / np.pi))  # a Python float keeps float32 arrays float32
+
+
+class GELU(Module):
+    """GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        self._x = x
+        self._t = np.tanh(_GELU_C * (x + 0.044715 * x ** 3))
+        return 0.5 * x * (1.0 + self._t)
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x, t = self._x, self._t
+        dt = (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+        return dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
+
+
+class MLP(Module):
+    """Linear -> GELU -> Linear."""
+
+    def __init__(self, dim: int, hidden: int, rng: np.random.Generator, *, dtype=np.float32):
+        super().__init__()
+        self.fc1 = self.add_child("fc1", Linear(dim, hidden, rng, dtype=dtype))
+        self.act = GELU()
+        self.fc2 = self.add_child("fc2", Linear(hidden, dim, rng, dtype=dtype))
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self.fc2.forward(self.act.forward(self.fc1.forward(x)))
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        return self.fc1.backward(self.act.backward(self.fc2.backward(dy)))
+
+
+class Embedding(Module):
+    """Token ids (B, N) -> vectors (B, N, dim)."""
+
+    def __init__(self, vocab: int, dim: int, rng: np.random.Generator, *, dtype=np.float32):
+        super().__init__()
+        self.vocab = vocab
+        self.W = self.add_param("W", (rng.standard_normal((vocab, dim)) * 0.02).astype(dtype), kind="embedding")
+
+    def forward(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab):
+            raise ValueError(f"token ids must be in [0, {self.vocab}), got values in "
+                             f"[{ids.min()}, {ids.max()}]")
+        self._ids = ids
+        return self.W.value[ids]
+
+    def backward(self, dy: np.ndarray) -> None:
+        np.add.at(self.W.grad, self._ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+        return None
+
+
+class PositionalEncoding(Module):
+    """Adds a learned (max_len, dim) table or the fixed sinusoidal one (Vaswani et al.)."""
+
+    def __init__(self, max_len: int, dim: int, rng: np.random.Generator, *, learned: bool = True,
+                 dtype=np.float32):
+        super().__init__()
+        self.max_len, self.learned = max_len, learned
+        if learned:
+            self.P = self.add_param("P", (rng.standard_normal((max_len, dim)) * 0.02).astype(dtype),
+                                    kind="embedding")
+        else:
+            pos = np.arange(max_len)[:, None]
+            freq = np.exp(-np.log(10000.0) * (np.arange(0, dim, 2) / dim))
+            table = np.zeros((max_len, dim))
+            table[:, 0::2] = np.sin(pos * freq)
+            table[:, 1::2] = np.cos(pos * freq[: dim // 2])
+            self.table = table.astype(dtype)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        N = x.shape[1]
+        if N > self.max_len:
+            raise ValueError(f"sequence length {N} exceeds the model's max_len {self.max_len}")
+        self._N = N
+        return x + (self.P.value[:N] if self.learned else self.table[:N])
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        if self.learned:
+            self.P.grad[: self._N] += dy.sum(0)
+        return dy
+
+
+def cross_entropy(logits: np.ndarray, targets: np.ndarray,
+                  weights: Optional[np.ndarray] = None) -> Tuple[float, np.ndarray]:
+    """Mean softmax cross-entropy over rows (optionally weighted, e.g. by a mask) and its
+    gradient with respect to the logits."""
+    C = logits.shape[-1]
+    z = logits.reshape(-1, C).astype(np.float64)
+    t = np.asarray(targets).reshape(-1)
+    w = np.ones(len(t)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    total = w.sum()
+    if total <= 0:
+        return 0.0, np.zeros_like(logits)
+    z = z - z.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    loss = float(-(w * logp[np.arange(len(t)), t]).sum() / total)
+    grad = np.exp(logp)
+    grad[np.arange(len(t)), t] -= 1.0
+    grad *= (w / total)[:, None]
+    return loss, grad.reshape(logits.shape).astype(logits.dtype)

@@ -1,0 +1,50 @@
+"""Checkpoints: parameters, optimiser state, step and run configuration in one .npz,
+written atomically (a temporary file in the same folder, flushed, then renamed), so a
+crash while writing leaves the previous checkpoint intact."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import zipfile
+from typing import Dict, Tuple
+
+import numpy as np
+
+FORMAT = "flexformer-checkpoint-1"
+
+
+def save(path: str, params: Dict[str, np.ndarray], opt_state: Dict[str, np.ndarray], meta: dict) -> None:
+    arrays = {"param/" + k: v for k, v in params.items()}
+    arrays.update({"opt/" + k: v for k, v in opt_state.items()})
+    arrays["meta"] = np.array(json.dumps({"format": FORMAT, **meta}))
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], dict]:
+    """(params, optimiser state, meta); ValueError for a file that is not a complete
+    flexformer checkpoint (truncated, corrupted or something else)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        meta = json.loads(str(data.pop("meta")))
+    except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError) as exc:
+        raise ValueError(f"{path} is not a readable flexformer checkpoint ({exc.__class__.__name__}: {exc})") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a flexformer checkpoint (format {meta.get('format')!r})")
+    params = {k[6:]: v for k, v in data.items() if k.startswith("param/")}
+    opt = {k[4:]: v for k, v in data.items() if k.startswith("opt/")}
+    return params, opt, meta

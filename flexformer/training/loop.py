@@ -1,0 +1,236 @@
+"""The reference training loop: build a model for a task, train with AdamW, evaluate,
+checkpoint, resume exactly, stop cleanly on Ctrl-C."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .. import _C
+from ..nn import CausalLM, EncoderClassifier, cross_entropy
+from ..registry import attention_kinds, get_attention
+from . import checkpoint
+from .optim import AdamW, clip_global_norm, lr_at
+
+TASKS = ("listops", "fmnist", "text-lm", "text-cls")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a run (saved in the checkpoint; ``--resume`` reuses it)."""
+
+    task: str = "listops"
+    attention: str = "flex_n"
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+    num_features: Optional[int] = None
+    linformer_sharing: str = "none"
+    positional: str = "learned"
+    seq_len: int = 128
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: int = 50
+    clip: float = 1.0
+    seed: int = 0
+    threads: int = 0
+    data_dir: Optional[str] = None
+    eval_batches: int = 16
+    checkpoint_every: int = 100
+    dtype: str = "float32"
+
+    def validate(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
+        get_attention(self.attention)  # lists the choices when unknown
+        for name in ("dim", "depth", "heads", "seq_len", "steps", "batch_size", "eval_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+
+
+def build_data(cfg: TrainConfig):
+    from ..data import FashionMNIST, ListOps, TextClassification, TextLM
+    from ..data.fmnist import DEFAULT_DIR
+
+    if cfg.task == "listops":
+        return ListOps(cfg.seq_len)
+    if cfg.task == "fmnist":
+        return FashionMNIST(cfg.data_dir or DEFAULT_DIR)
+    if cfg.data_dir is None:
+        raise ValueError(f"task {cfg.task} reads plain-text files: pass --data-dir (e.g. ../shared/data/austen)")
+    if cfg.task == "text-lm":
+        return TextLM(cfg.data_dir, cfg.seq_len)
+    return TextClassification(cfg.data_dir, cfg.seq_len)
+
+
+def build_model(cfg: TrainConfig, data):
+    dtype = np.dtype(cfg.dtype)
+    common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=data.seq_len if cfg.task == "fmnist"
+                  else cfg.seq_len, attention=cfg.attention, positional=cfg.positional,
+                  num_features=cfg.num_features, rng=cfg.seed, dtype=dtype)
+    if cfg.task == "text-lm":
+        return CausalLM(data.vocab_size, **common)
+    return EncoderClassifier(data.vocab_size, data.num_classes, linformer_sharing=cfg.linformer_sharing, **common)
+
+
+def batch_for(cfg: TrainConfig, data, step: int, split: str = "train"):
+    """The batch of a step depends only on (seed, step): a resumed run sees the same data."""
+    rng = np.random.default_rng([cfg.seed, step, 0 if split == "train" else 1])
+    if cfg.task == "listops":
+        return data.batch(rng, cfg.batch_size)
+    return data.batch(rng, cfg.batch_size, split)
+
+
+def loss_and_grad(cfg: TrainConfig, model, batch):
+    """(loss, correct, count, tokens) for a batch; gradients are left in the model."""
+    if cfg.task == "text-lm":
+        x, y = batch
+        logits = model.forward(x)
+        loss, dlogits = cross_entropy(logits, y)
+        return loss, dlogits, None, x.size
+    ids, mask, labels = batch
+    logits = model.forward(ids, mask)
+    loss, dlogits = cross_entropy(logits, labels)
+    return loss, dlogits, int((logits.argmax(-1) == labels).sum()), int(mask.sum())
+
+
+def evaluate(cfg: TrainConfig, model, data) -> dict:
+    losses, correct, count = [], 0, 0
+    for i in range(cfg.eval_batches):
+        batch = batch_for(cfg, data, 10_000_000 + i, "test")
+        loss, _, right, _ = loss_and_grad(cfg, model, batch)
+        losses.append(loss)
+        if right is not None:
+            correct += right
+            count += len(batch[-1])
+    out = {"eval_loss": float(np.mean(losses))}
+    if cfg.task == "text-lm":
+        out["eval_bits_per_char"] = out["eval_loss"] / math.log(2)
+    else:
+        out["eval_accuracy"] = correct / count
+    return out
+
+
+class _StopFlag:
+    """SIGINT sets a flag that the loop reads between steps (a step is never cut short)."""
+
+    def __init__(self):
+        self.stop = False
+        self._old = None
+
+    def __enter__(self):
+        def handler(signum, frame):
+            if self.stop:  # second Ctrl-C: give up waiting
+                raise KeyboardInterrupt
+            self.stop = True
+        try:
+            self._old = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not the main thread: no handler
+            self._old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def _progress(step, total, loss, tok_s, start, stream):
+    width = 24
+    done = int(width * step / total)
+    eta = (time.perf_counter() - start) / max(step, 1) * (total - step)
+    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {loss:.4f} "
+                 f"{tok_s:,.0f} tok/s eta {eta:5.0f}s ")
+    stream.flush()
+
+
+def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, progress: bool = True,
+          stop_at: Optional[int] = None, steps: Optional[int] = None, stream=sys.stderr) -> dict:
+    """Train, evaluate and write ``checkpoint.npz`` and ``metrics.json`` into ``out_dir``.
+
+    With ``resume`` the run continues from ``out_dir/checkpoint.npz`` with its saved
+    configuration (``cfg`` is ignored; ``steps`` sets a new total) and, unless the total
+    changed, ends with the same parameters an uninterrupted run would have. ``stop_at`` ends the session after that
+    step with a checkpoint, as Ctrl-C does (for time-sliced jobs). Returns the metrics."""
+    ckpt_path = os.path.join(out_dir, "checkpoint.npz")
+    os.makedirs(out_dir, exist_ok=True)
+    start_step, saved = 0, None
+    if resume:
+        params, opt_state, meta = checkpoint.load(ckpt_path)
+        cfg = TrainConfig(**meta["config"])
+        start_step = int(meta["step"])
+        saved = (params, opt_state)
+    if steps is not None:
+        cfg.steps = steps
+    cfg.validate()
+    if cfg.threads:
+        _C.set_num_threads(cfg.threads)
+    data = build_data(cfg)
+    model = build_model(cfg, data)
+    named = model.named_parameters()
+    opt = AdamW(named, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if saved:
+        model.load_parameters(saved[0])
+        opt.load_state(saved[1])
+
+    def write_checkpoint(step):
+        checkpoint.save(ckpt_path, model.parameters(), opt.state(),
+                        {"step": step, "config": dataclasses.asdict(cfg)})
+
+    losses, tokens, start, step = [], 0, time.perf_counter(), start_step
+    stopped, reason = False, None
+    with _StopFlag() as flag:
+        while step < cfg.steps:
+            batch = batch_for(cfg, data, step)
+            model.zero_grad()
+            loss, dlogits, _, ntok = loss_and_grad(cfg, model, batch)
+            if not math.isfinite(loss):
+                reason = f"loss became {loss} at step {step}; stopped with the last good checkpoint kept"
+                break
+            model.backward(dlogits)
+            norm = clip_global_norm(named, cfg.clip)
+            if not math.isfinite(norm):
+                reason = f"gradient norm became {norm} at step {step}; stopped with the last good checkpoint kept"
+                break
+            opt.step(lr_at(step, base_lr=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
+            step += 1
+            losses.append(loss)
+            tokens += ntok
+            if progress:
+                _progress(step, cfg.steps, np.mean(losses[-20:]), tokens / (time.perf_counter() - start),
+                          start, stream)
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                write_checkpoint(step)
+            if flag.stop or (stop_at is not None and step >= stop_at and step < cfg.steps):
+                write_checkpoint(step)
+                stopped = True
+                break
+    wall = time.perf_counter() - start
+    if progress:
+        stream.write("\n")
+    if reason:
+        stream.write(reason + "\n")
+        raise FloatingPointError(reason)
+    metrics = {"task": cfg.task, "attention": cfg.attention, "steps": step,
+               "train_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None,
+               "tokens_per_s": tokens / wall if wall > 0 else None, "wall_s": wall,
+               "params": model.num_parameters(), "seed": cfg.seed, "interrupted": stopped,
+               "config": dataclasses.asdict(cfg)}
+    if not stopped:
+        metrics.update(evaluate(cfg, model, data))
+    with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
+        json.dump(metrics, fh, indent=2)
+    return metrics

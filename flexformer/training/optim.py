@@ -1,0 +1,86 @@
+"""AdamW, the warmup-then-cosine learning-rate schedule and global gradient clipping."""
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+import numpy as np
+
+from ..nn.core import Parameter
+
+
+class AdamW:
+    """AdamW (Loshchilov and Hutter, 2019) over named Parameters.
+
+    Weight decay is decoupled and skips parameters whose ``kind`` is in ``no_decay``
+    (default: norms, biases and attention-kernel parameters such as the learned
+    frequencies). Parameters with ``grad`` None (fixed arrays) are left alone.
+    """
+
+    def __init__(self, named: Sequence[Tuple[str, Parameter]], *, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 no_decay: Iterable[str] = ("bias", "norm", "kernel")):
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0, got {lr}")
+        self.params: List[Tuple[str, Parameter]] = [(n, p) for n, p in named if p.grad is not None]
+        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
+        self.no_decay = tuple(no_decay)
+        self.t = 0
+        self.m: Dict[str, np.ndarray] = {n: np.zeros_like(p.value, dtype=np.float64) for n, p in self.params}
+        self.v: Dict[str, np.ndarray] = {n: np.zeros_like(p.value, dtype=np.float64) for n, p in self.params}
+
+    def step(self, lr: float) -> None:
+        """One update with learning rate ``lr`` (the schedule's value for this step)."""
+        self.t += 1
+        b1, b2 = self.betas
+        c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        for name, p in self.params:
+            g = p.grad.astype(np.float64)
+            m, v = self.m[name], self.v[name]
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * g * g
+            update = (m / c1) / (np.sqrt(v / c2) + self.eps)
+            if self.weight_decay and p.kind not in self.no_decay:
+                update = update + self.weight_decay * p.value
+            p.value -= (lr * update).astype(p.value.dtype)
+
+    def state(self) -> Dict[str, np.ndarray]:
+        out = {"t": np.array(self.t)}
+        for name, _ in self.params:
+            out["m/" + name] = self.m[name]
+            out["v/" + name] = self.v[name]
+        return out
+
+    def load_state(self, state: Dict[str, np.ndarray]) -> None:
+        self.t = int(state["t"])
+        for name, _ in self.params:
+            self.m[name][...] = state["m/" + name]
+            self.v[name][...] = state["v/" + name]
+
+
+def lr_at(step: int, *, base_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine decay to ``min_ratio * base_lr``
+    at ``total`` steps (``step`` counts from 0)."""
+    if warmup > 0 and step < warmup:
+        return base_lr * (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min(max(step - warmup, 0) / span, 1.0)
+    return base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def clip_global_norm(named: Sequence[Tuple[str, Parameter]], max_norm: float) -> float:
+    """Scale all gradients so their global L2 norm is at most ``max_norm``; returns the
+    norm before clipping (inf or NaN pass through so the caller can stop)."""
+    total = 0.0
+    for _, p in named:
+        if p.grad is not None:
+            total += float(np.sum(p.grad.astype(np.float64) ** 2))
+    norm = math.sqrt(total)
+    if max_norm > 0 and norm > max_norm and math.isfinite(norm):
+        scale = max_norm / norm
+        for _, p in named:
+            if p.grad is not None:
+                p.grad *= scale
+    return norm

@@ -1,0 +1,242 @@
+"""Model layers, the training loop, checkpoints and the command line."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+from flexformer.nn import CausalLM, EncoderClassifier, cross_entropy
+from flexformer.testing import check_model_gradients
+from flexformer.training import TrainConfig, load_checkpoint, train
+
+AUSTEN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "austen")
+
+
+def tiny_inputs(B=2, N=9, vocab=7, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(vocab, size=(B, N))
+    mask = np.ones((B, N), bool)
+    mask[1, 6:] = False
+    return ids, mask
+
+
+@pytest.mark.parametrize("kind", ff.attention_kinds())
+def test_whole_classifier_gradients(kind):
+    ids, mask = tiny_inputs()
+    labels = np.array([1, 2])
+    sharing = "key-value" if kind == "linformer" else "none"
+    model = EncoderClassifier(7, 3, dim=8, depth=2, heads=2, max_len=9, attention=kind, num_features=4,
+                              linformer_sharing=sharing, rng=1, dtype=np.float64)
+
+    def loss_and_backward():
+        model.zero_grad()
+        loss, dlogits = cross_entropy(model.forward(ids, mask), labels)
+        model.backward(dlogits)
+        return loss
+
+    report = check_model_gradients(loss_and_backward, model.named_parameters())
+    assert len(report) >= 20  # every layer kind took part
+
+
+@pytest.mark.parametrize("kind", [k for k in ff.attention_kinds() if ff.get_attention(k).causal])
+def test_whole_language_model_gradients(kind):
+    ids, _ = tiny_inputs(vocab=11)
+    model = CausalLM(11, dim=8, depth=1, heads=2, max_len=9, attention=kind, num_features=4,
+                     positional="sinusoidal", rng=2, dtype=np.float64)
+
+    def loss_and_backward():
+        model.zero_grad()
+        loss, dlogits = cross_entropy(model.forward(ids[:, :-1]), ids[:, 1:])
+        model.backward(dlogits)
+        return loss
+
+    check_model_gradients(loss_and_backward, model.named_parameters())
+
+
+@pytest.mark.parametrize("sharing", ["none", "headwise", "key-value", "layerwise"])
+def test_linformer_sharing_modes(sharing):
+    model = EncoderClassifier(7, 3, dim=8, depth=2, heads=2, max_len=9, attention="linformer", num_features=4,
+                              linformer_sharing=sharing, rng=3, dtype=np.float64)
+    names = [n for n in model.parameters() if ".attn.attn." in n]
+    expected = {"none": 4, "headwise": 4, "key-value": 2, "layerwise": 1}[sharing]
+    assert len(names) == expected, names
+    shapes = {model.parameters()[n].shape for n in names}
+    assert shapes == ({(2, 4, 9)} if sharing == "none" else {(4, 9)})
+    ids, mask = tiny_inputs()
+
+    def loss_and_backward():
+        model.zero_grad()
+        loss, dlogits = cross_entropy(model.forward(ids, mask), np.array([0, 2]))
+        model.backward(dlogits)
+        return loss
+
+    check_model_gradients(loss_and_backward, model.named_parameters())
+
+
+def small_config(tmp_path, **kw):
+    base = dict(task="listops", attention="flex_n", dim=16, depth=1, heads=2, seq_len=32, steps=20,
+                batch_size=8, warmup=4, eval_batches=2, checkpoint_every=5, threads=1, lr=3e-3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_loss_falls(tmp_path):
+    # measured: eval loss 2.35 after one step, 2.06 after 150 (ListOps, 10 classes)
+    kw = dict(dim=32, batch_size=16, warmup=10, eval_batches=8)
+    metrics = train(small_config(tmp_path, steps=150, **kw), str(tmp_path / "run"), progress=False)
+    first = train(small_config(tmp_path, steps=1, **kw), str(tmp_path / "one"), progress=False)
+    assert metrics["eval_loss"] < first["eval_loss"] - 0.15
+    assert metrics["train_loss"] < first["train_loss"] - 0.1
+    for key in ("task", "attention", "steps", "train_loss", "eval_loss", "eval_accuracy", "tokens_per_s",
+                "wall_s", "params"):
+        assert key in metrics
+    saved = json.load(open(tmp_path / "run" / "metrics.json"))
+    assert saved["steps"] == 150 and 0 <= saved["eval_accuracy"] <= 1
+
+
+def test_resume_gives_the_same_parameters(tmp_path):
+    full = tmp_path / "full"
+    train(small_config(tmp_path, steps=20), str(full), progress=False)
+    part = tmp_path / "part"
+    stopped = train(small_config(tmp_path, steps=20), str(part), progress=False, stop_at=7)
+    assert stopped["interrupted"] and stopped["steps"] == 7
+    train(small_config(tmp_path, steps=20), str(part), resume=True, progress=False)
+    a, _, meta_a = load_checkpoint(str(full / "checkpoint.npz"))
+    b, _, meta_b = load_checkpoint(str(part / "checkpoint.npz"))
+    assert meta_a["step"] == meta_b["step"] == 20
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_corrupted_checkpoint_is_a_clear_error(tmp_path):
+    run = tmp_path / "run"
+    train(small_config(tmp_path, steps=5), str(run), progress=False)
+    path = run / "checkpoint.npz"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="not a readable flexformer checkpoint"):
+        load_checkpoint(str(path))
+    path.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not a readable flexformer checkpoint"):
+        train(small_config(tmp_path, steps=10), str(run), resume=True, progress=False)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
+    # an absurd learning rate makes the parameters explode after the first update
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, steps=40, lr=1e30, warmup=0, checkpoint_every=1)
+    with pytest.raises(FloatingPointError, match="stopped with the last good checkpoint kept"):
+        train(cfg, str(run), progress=False)
+    params, _, meta = load_checkpoint(str(run / "checkpoint.npz"))
+    assert 1 <= meta["step"] < 40
+    assert all(np.isfinite(v).all() for v in params.values())
+
+
+def test_bad_task_attention_and_data(tmp_path):
+    with pytest.raises(ValueError, match="unknown task 'cifar'; choose one of: listops"):
+        train(small_config(tmp_path, task="cifar"), str(tmp_path / "a"), progress=False)
+    with pytest.raises(ValueError, match="choose one of: elu, flex_n"):
+        train(small_config(tmp_path, attention="flash"), str(tmp_path / "b"), progress=False)
+    with pytest.raises(FileNotFoundError, match="/no/such/folder.*dataset-fashion-mnist"):
+        train(small_config(tmp_path, task="fmnist", data_dir="/no/such/folder"), str(tmp_path / "c"), progress=False)
+    with pytest.raises(FileNotFoundError, match="/no/such/text"):
+        train(small_config(tmp_path, task="text-lm", data_dir="/no/such/text"), str(tmp_path / "d"), progress=False)
+    with pytest.raises(ValueError, match="has no causal mode"):
+        train(small_config(tmp_path, task="text-lm", attention="linformer", data_dir=AUSTEN), str(tmp_path / "e"),
+              progress=False)
+
+
+def write_idx(path, array):
+    import gzip
+    import struct
+    with gzip.open(path, "wb") as fh:
+        fh.write(struct.pack(">HBB", 0, 8, array.ndim))
+        fh.write(struct.pack(">" + "I" * array.ndim, *array.shape))
+        fh.write(array.astype(np.uint8).tobytes())
+
+
+def test_fmnist_loader_and_training_on_idx_files(tmp_path):
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 64), ("t10k", 32)):
+        labels = rng.integers(10, size=n)
+        images = (labels[:, None, None] * 25 + rng.integers(0, 5, (n, 28, 28))).astype(np.uint8)
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    data = ff.data.FashionMNIST(str(tmp_path))
+    ids, mask, labels = data.batch(np.random.default_rng(1), 4)
+    assert ids.shape == (4, 784) and mask.all() and labels.shape == (4,)
+    metrics = train(small_config(tmp_path, task="fmnist", data_dir=str(tmp_path), steps=3, dim=8, heads=2),
+                    str(tmp_path / "run"), progress=False)
+    assert "eval_accuracy" in metrics
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(FileNotFoundError, match="t10k-labels-idx1-ubyte"):
+        ff.data.FashionMNIST(str(tmp_path))
+
+
+@pytest.mark.skipif(not os.path.isdir(AUSTEN), reason="shared Austen data not present")
+def test_text_tasks_on_austen(tmp_path):
+    lm = train(small_config(tmp_path, task="text-lm", data_dir=AUSTEN, steps=30, seq_len=64),
+               str(tmp_path / "lm"), progress=False)
+    assert 0 < lm["eval_bits_per_char"] < 8.5
+    cls = train(small_config(tmp_path, task="text-cls", data_dir=AUSTEN, steps=5, seq_len=64),
+                str(tmp_path / "cls"), progress=False)
+    assert 0 <= cls["eval_accuracy"] <= 1
+
+
+def test_listops_generator():
+    data = ff.data.ListOps(64)
+    rng = np.random.default_rng(0)
+    ids, mask, labels = data.batch(rng, 32)
+    assert ids.shape == (32, 64) and (mask == (ids != 0)).all() and labels.max() <= 9
+    from flexformer.data.listops import evaluate
+    assert evaluate(("[MAX", [2, 9, ("[MIN", [4, 7]), 0])) == 9
+    assert evaluate(("[MED", [3, 1, 4, 1])) == 1  # lower median
+    assert evaluate(("[SM", [7, 8, ("[MAX", [1, 5])])) == 0
+
+
+def run_cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "flexformer", *args], capture_output=True, text=True, **kw)
+
+
+def test_cli_help_and_short_run(tmp_path):
+    out = run_cli("train", "--help")
+    assert out.returncode == 0 and "--attention" in out.stdout and "--resume" in out.stdout
+    out = run_cli("train", "--steps", "20", "--seq-len", "32", "--dim", "16", "--batch-size", "4",
+                  "--eval-batches", "1", "--out", str(tmp_path / "run"), "--threads", "1")
+    assert out.returncode == 0, out.stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 20 and metrics["attention"] == "flex_n" and metrics["task"] == "listops"
+    assert "tok/s" in out.stderr  # the progress bar
+    bad = run_cli("train", "--attention", "flash", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "choose one of" in bad.stderr
+
+
+def test_ctrl_c_writes_a_checkpoint_and_resume_finishes(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "flexformer", "train", "--steps", "100000", "--seq-len", "32",
+                             "--dim", "16", "--batch-size", "4", "--eval-batches", "1", "--checkpoint-every",
+                             "100000", "--out", str(run), "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        time.sleep(0.5)
+        if proc.poll() is not None:
+            break
+        if (run / "checkpoint.npz").exists() or time.time() > deadline - 55:
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    _, _, meta = load_checkpoint(str(run / "checkpoint.npz"))
+    assert meta["step"] >= 1
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["interrupted"] and metrics["steps"] == meta["step"]
+    done = run_cli("train", "--resume", str(run), "--steps", str(meta["step"] + 3))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "metrics.json").read_text())["steps"] == meta["step"] + 3
