@@ -192,8 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="several attention kinds under one budget: a markdown table")
     c.add_argument("--attentions", default="softmax,flex_s,flex_n,rfa,performer,hedgehog,linformer")
     c.add_argument("--seeds", type=int, default=3)
-    c.add_argument("train_args", nargs=argparse.REMAINDER,
-                   help="arguments passed to every train run (e.g. --task listops --steps 300)")
+    c.epilog = "Any other arguments (e.g. --task listops --steps 300) go to every train run."
     p = sub.add_parser("demo", help="time Flexformer_n attention and compare it with softmax")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length N (default 4096)")
     p.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
@@ -210,12 +209,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "compare":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "train":
             return train_command(args)
         if args.command == "compare":
-            args.train_args = [a for a in args.train_args if a != "--"]
+            args.train_args = [a for a in extra if a != "--"]
             return compare_command(args)
         for name in ("seq_len", "heads", "head_dim", "features", "repeats"):
             if getattr(args, name) < 1:
