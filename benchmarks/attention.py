@@ -247,6 +247,18 @@ def main() -> int:
         print("torch is not installed: skipping the torch rows (pip install torch==2.13.0)")
     os.makedirs(args.out, exist_ok=True)
 
+    name = "attention_quick" if args.quick else "attention"
+    json_path = os.path.join(args.out, name + ".json")
+
+    def save(extra=None):
+        record = {"config": {"B": 1, "H": args.heads, "d": args.head_dim, "e": args.head_dim, "m": args.head_dim,
+                             "dtype": "float32", "threads": args.threads, "repeats": args.repeats,
+                             "cpu": _cpu_name(), "torch": _torch_version()},
+                  "rows": rows, "targets": TARGETS}
+        record.update(extra or {})
+        with open(json_path, "w") as fh:
+            json.dump(record, fh, indent=2)
+
     rows = []
     for impl in args.impls:
         modes, needs_torch = IMPLS[impl]
@@ -258,6 +270,7 @@ def main() -> int:
                                   args.threads)
                 row = {"impl": impl, "causal": causal, "N": N, **res}
                 rows.append(row)
+                save()
                 if "error" in res:
                     print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  error: {res['error']}")
                 else:
@@ -307,18 +320,10 @@ def main() -> int:
     print("call overhead at tiny shapes (us per call):",
           ", ".join(f"{k} {v:.1f}" for k, v in overhead.items() if isinstance(v, float)))
 
-    record = {
-        "config": {"B": 1, "H": args.heads, "d": args.head_dim, "e": args.head_dim, "m": args.head_dim,
-                   "dtype": "float32", "threads": args.threads, "repeats": args.repeats,
-                   "cpu": _cpu_name(), "torch": _torch_version()},
-        "rows": rows, "ratios": summary, "matmul_gflops": matmul,
-        "flex_n_forward_gflops": roof, "call_overhead_us": overhead, "targets": TARGETS,
-    }
-    name = "attention_quick" if args.quick else "attention"
-    with open(os.path.join(args.out, name + ".json"), "w") as fh:
-        json.dump(record, fh, indent=2)
+    save({"ratios": summary, "matmul_gflops": matmul, "flex_n_forward_gflops": roof,
+          "call_overhead_us": overhead})
     _plot(rows, os.path.join(args.out, name + ".png"))
-    print(f"wrote {os.path.join(args.out, name + '.json')}")
+    print(f"wrote {json_path}")
     return 0
 
 
