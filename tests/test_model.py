@@ -147,9 +147,16 @@ def test_bad_task_attention_and_data(tmp_path):
         train(small_config(tmp_path, task="fmnist", data_dir="/no/such/folder"), str(tmp_path / "c"), progress=False)
     with pytest.raises(FileNotFoundError, match="/no/such/text"):
         train(small_config(tmp_path, task="text-lm", data_dir="/no/such/text"), str(tmp_path / "d"), progress=False)
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (texts / name).write_text("It is a truth universally acknowledged. " * 50)
     with pytest.raises(ValueError, match="has no causal mode"):
-        train(small_config(tmp_path, task="text-lm", attention="linformer", data_dir=AUSTEN), str(tmp_path / "e"),
-              progress=False)
+        train(small_config(tmp_path, task="text-lm", attention="linformer", data_dir=str(texts)),
+              str(tmp_path / "e"), progress=False)
+    with pytest.raises(FileNotFoundError, match="at least two .txt files"):
+        (texts / "b.txt").unlink()
+        train(small_config(tmp_path, task="text-cls", data_dir=str(texts)), str(tmp_path / "f"), progress=False)
 
 
 def write_idx(path, array):
