@@ -140,17 +140,9 @@ def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threa
     exact = _reset_peak()
     base_kib = _memory_kib("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-    def median(fn):
-        for _ in range(3):  # warm-up: the first calls also pay for fresh pages
-            fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+    from flexformer._timing import median_seconds
 
-    result = {"fwd_s": median(fwd), "fwdbwd_s": median(both)}
+    result = {"fwd_s": median_seconds(fwd, repeats), "fwdbwd_s": median_seconds(both, repeats)}
     peak_kib = _memory_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result["peak_mib"] = (peak_kib - base_kib) / 1024.0
     return result
@@ -160,14 +152,10 @@ def _matmul_rate(threads: int) -> float:
     """numpy float32 2048 x 2048 matmul rate in GFLOP/s (run in the worker's environment)."""
     import numpy as np
 
+    from flexformer._timing import median_seconds
+
     a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
-    a @ a
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        a @ a
-        times.append(time.perf_counter() - start)
-    return 2 * 2048 ** 3 / float(np.median(times)) / 1e9
+    return 2 * 2048 ** 3 / median_seconds(lambda: a @ a, 5, 1) / 1e9
 
 
 def _call_overhead(threads: int) -> dict:

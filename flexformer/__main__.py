@@ -20,16 +20,7 @@ import numpy as np
 
 from . import __version__, flex_n_attention, flex_n_attention_backward, get_num_threads, init
 from . import openmp_enabled, reference, set_num_threads
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+from ._timing import median_seconds
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -64,9 +55,9 @@ def demo(args: argparse.Namespace) -> int:
     print(f"\nFlexformer_n timing, float32, B={B} H={H} N={N} d=e={d} m={m} "
           f"(median of {args.repeats}):")
     for causal in (False, True):
-        fwd = _median_seconds(lambda: flex_n_attention(q, k, v, omega1, omega2, tau, causal=causal),
+        fwd = median_seconds(lambda: flex_n_attention(q, k, v, omega1, omega2, tau, causal=causal),
                               args.repeats)
-        both = _median_seconds(lambda: (flex_n_attention(q, k, v, omega1, omega2, tau, causal=causal),
+        both = median_seconds(lambda: (flex_n_attention(q, k, v, omega1, omega2, tau, causal=causal),
                                         flex_n_attention_backward(dout, q, k, v, omega1, omega2, tau,
                                                                   causal=causal)), args.repeats)
         label = "causal" if causal else "bidirectional"
