@@ -13,6 +13,18 @@
 
 static int requested_threads = 0; /* 0: the OpenMP default */
 
+/* GNU OpenMP's thread pool does not survive fork(): a child forked after the kernels ran
+ * (multiprocessing's default start method on Linux) would wait forever for pool threads
+ * that no longer exist. Children therefore run the kernels on one thread. */
+#if defined(_OPENMP) && !defined(_WIN32)
+#include <pthread.h>
+static volatile int forked_child = 0;
+static void mark_forked_child(void) { forked_child = 1; }
+#define KERNEL_THREADS() (forked_child ? 1 : requested_threads)
+#else
+#define KERNEL_THREADS() requested_threads
+#endif
+
 /* ------------------------------------------------------------------ helpers */
 
 /* "(2, 4, 8, 16)" for an array's shape, as a new str. */
@@ -360,7 +372,7 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
  * parameter gradients (backward). The GIL is released by the caller. */
 static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void **g)
 {
-    const int t = c->typenum, causal = c->causal, nt = requested_threads;
+    const int t = c->typenum, causal = c->causal, nt = KERNEL_THREADS();
     const size_t B = (size_t)c->B, H = (size_t)c->H, Nq = (size_t)c->Nq, Nk = (size_t)c->Nk;
     const size_t d = (size_t)c->d, e = (size_t)c->e;
     const size_t m = c->m > 0 ? (size_t)c->m : 0;
@@ -635,8 +647,8 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
 {
     (void)self;
     (void)noargs;
-    return PyLong_FromLong(requested_threads > 0 && ff_openmp_enabled() ? requested_threads
-                                                                          : ff_max_threads());
+    const int n = KERNEL_THREADS();
+    return PyLong_FromLong(n > 0 && ff_openmp_enabled() ? n : ff_max_threads());
 }
 
 #define KERNEL(name, doc)                                                                  \
@@ -670,5 +682,8 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_C",
 PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
+#if defined(_OPENMP) && !defined(_WIN32)
+    pthread_atfork(NULL, NULL, mark_forked_child);
+#endif
     return PyModule_Create(&moduledef);
 }

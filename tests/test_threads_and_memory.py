@@ -89,3 +89,28 @@ def test_single_pair_split_matches_serial_and_reference(causal, Nq, Nk):
     want = ff.reference.flex_n_attention(x["q"], x["k"], x["v"], x["omega1"], x["omega2"], x["tau"],
                                          causal=causal, key_mask=mask)
     np.testing.assert_allclose(two[1], want, rtol=1e-10, atol=1e-12)
+
+
+def _child_attention(queue, x, omega):
+    queue.put(ff.flex_s_attention(x, x, x, omega, causal=True))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fork on Windows")
+def test_forked_child_does_not_hang():
+    # GNU OpenMP's thread pool does not survive fork(): without the one-thread fallback a
+    # child forked after the kernels ran waits forever.
+    import multiprocessing as mp
+    x = make_inputs(B=2, H=4, Nq=300, d=8, seed=44)["q"]
+    omega = ff.init.flex_s_omega(4, 8, 8, rng=45)
+    want = ff.flex_s_attention(x, x, x, omega, causal=True)  # the parent's pool is running
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_attention, args=(queue, x, omega))
+    proc.start()
+    try:
+        got = queue.get(timeout=60)
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+    np.testing.assert_allclose(got, want, rtol=1e-12)
