@@ -191,6 +191,7 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
                         {"step": step, "config": dataclasses.asdict(cfg)})
 
     losses, tokens, start, step = [], 0, time.perf_counter(), start_step
+    last_draw = 0.0
     stopped, reason = False, None
     with _StopFlag() as flag:
         while step < cfg.steps:
@@ -209,9 +210,10 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
             step += 1
             losses.append(loss)
             tokens += ntok
-            if progress:
-                _progress(step, cfg.steps, np.mean(losses[-20:]), tokens / (time.perf_counter() - start),
-                          start, stream)
+            now = time.perf_counter()
+            if progress and (now - last_draw > 0.1 or step == cfg.steps):  # redraw at most 10x/s
+                last_draw = now
+                _progress(step, cfg.steps, np.mean(losses[-20:]), tokens / (now - start), start, stream)
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 write_checkpoint(step)
             if flag.stop or (stop_at is not None and step >= stop_at and step < cfg.steps):
