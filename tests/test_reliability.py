@@ -1,6 +1,5 @@
 """Reliability: property-based parity over every kernel, invalid inputs in a subprocess,
 memory flat over many calls, long sequences, and checkpoints killed mid-write."""
-import os
 import signal
 import subprocess
 import sys

@@ -7,7 +7,7 @@ novels for tests and examples); nothing is downloaded.
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 

@@ -9,14 +9,14 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from .. import _C
 from ..nn import CausalLM, EncoderClassifier, cross_entropy
-from ..registry import attention_kinds, get_attention
+from ..registry import get_attention
 from . import checkpoint
 from .optim import AdamW, clip_global_norm, lr_at
 
