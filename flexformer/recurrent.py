@@ -1,0 +1,464 @@
+"""Recurrent (token-by-token) inference for causal attention.
+
+Causal linear attention is a recurrent network: row i only needs the prefix sums over
+keys j <= i, a fixed-size state per (batch, head). With phi(x) = exp(s(x)) f(x) as in
+the C core (see :mod:`flexformer.attention`), the state kept here is, at the running
+log-scale M = max_j s(k_j) over the keys seen so far,
+
+* ``S`` (B, H, F, e): sum_j exp(s(k_j) - M) f(k_j) v_j^T,
+* ``z`` (B, H, F):    sum_j exp(s(k_j) - M) f(k_j),
+* ``R`` (B, H):       sum_j exp(s(k_j) - M)  (the bound the denominator guard uses),
+* ``M`` (B, H):       the running log-scale (-inf before the first key).
+
+A new key larger than all before it raises M and rescales the old sums by
+exp(M_old - M_new) <= 1, so nothing overflows however the key norms grow; the output
+of row i is (f(q_i)^T S) / max(f(q_i).z, eps R), exactly the parallel causal forward's
+function, so stepping reproduces ``causal=True`` outputs to float rounding.
+
+Softmax attention has no fixed-size state: its recurrent form keeps every key and
+value (a key-value cache) and each new token costs O(t) at context length t.
+
+Use::
+
+    rec = RecurrentAttention("flex_n", params)       # params as from get_attention(...).init
+    out, state = rec.prefill(q, k, v)                # the prompt, one parallel call
+    y = rec.step(state, q1, k1, v1)                  # then one (or a few) tokens at a time
+    branch = state.copy()                            # independent copy
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple, Union
+
+import numpy as np
+
+from . import attention as lin
+from . import softmax as sm
+from ._checks import check_real
+
+Params = Dict[str, np.ndarray]
+
+RECURRENT_KINDS = ("elu", "flex_n", "flex_s", "hedgehog", "linear", "performer", "rfa", "softmax")
+_CHUNK = 64        # tokens per vectorised block when stepping several tokens at once
+_PREFILL_BLOCK = 4096  # keys per block when building the state after a parallel prefill
+
+
+class LinearAttentionState:
+    """The fixed-size state of causal linear attention for (B, H) sequences.
+
+    Attributes
+    ----------
+    S : ndarray (B, H, F, e)
+    z : ndarray (B, H, F)
+    R, M : ndarray (B, H)
+        Key-weight sum and running log-scale (module docstring).
+    tokens : int
+        Tokens consumed so far.
+    """
+
+    def __init__(self, S: np.ndarray, z: np.ndarray, R: np.ndarray, M: np.ndarray, tokens: int = 0):
+        self.S, self.z, self.R, self.M = S, z, R, M
+        self.tokens = int(tokens)
+
+    @classmethod
+    def empty(cls, batch: int, heads: int, features: int, value_dim: int,
+              dtype=np.float32) -> "LinearAttentionState":
+        """A state that has seen no tokens."""
+        for name, n in (("batch", batch), ("heads", heads), ("features", features), ("value_dim", value_dim)):
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        dtype = _float_dtype("dtype", dtype)
+        return cls(np.zeros((batch, heads, features, value_dim), dtype), np.zeros((batch, heads, features), dtype),
+                   np.zeros((batch, heads), dtype), np.full((batch, heads), -np.inf, dtype))
+
+    @property
+    def shape(self) -> Tuple[int, int, int, int]:
+        """(B, H, F, e)."""
+        return self.S.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.S.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the state; independent of the number of tokens seen."""
+        return self.S.nbytes + self.z.nbytes + self.R.nbytes + self.M.nbytes
+
+    def copy(self) -> "LinearAttentionState":
+        """An independent copy (advancing one leaves the other unchanged)."""
+        return LinearAttentionState(self.S.copy(), self.z.copy(), self.R.copy(), self.M.copy(), self.tokens)
+
+    def __repr__(self) -> str:
+        B, H, F, e = self.shape
+        return f"LinearAttentionState(B={B}, H={H}, F={F}, e={e}, dtype={self.dtype}, tokens={self.tokens})"
+
+
+class KVCacheState:
+    """Softmax attention's recurrent state: every key and value so far (grows with t)."""
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, keep: np.ndarray, length: int = 0):
+        self._k, self._v, self._keep = keys, values, keep  # (B,H,cap,d), (B,H,cap,e), (B,cap) bool
+        self.tokens = int(length)
+
+    @classmethod
+    def empty(cls, batch: int, heads: int, head_dim: int, value_dim: int, dtype=np.float32,
+              capacity: int = 64) -> "KVCacheState":
+        for name, n in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("value_dim", value_dim)):
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        dtype = _float_dtype("dtype", dtype)
+        return cls(np.zeros((batch, heads, capacity, head_dim), dtype),
+                   np.zeros((batch, heads, capacity, value_dim), dtype), np.zeros((batch, capacity), bool))
+
+    @property
+    def keys(self) -> np.ndarray:
+        """(B, H, t, d) view of the cached keys."""
+        return self._k[:, :, : self.tokens]
+
+    @property
+    def values(self) -> np.ndarray:
+        """(B, H, t, e) view of the cached values."""
+        return self._v[:, :, : self.tokens]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._k.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the cached keys and values (grows linearly with t)."""
+        return self.keys.nbytes + self.values.nbytes
+
+    @property
+    def key_mask(self) -> np.ndarray:
+        """(B, t) bool: which cached keys are attended to (False: masked when added)."""
+        return self._keep[:, : self.tokens]
+
+    def append(self, k: np.ndarray, v: np.ndarray, keep: np.ndarray) -> None:
+        """Add T keys (B, H, T, d), values (B, H, T, e) and their mask (B, T)."""
+        T = k.shape[2]
+        need = self.tokens + T
+        if need > self._k.shape[2]:  # grow geometrically: amortised O(1) per token
+            cap = max(need, 2 * self._k.shape[2])
+            for name in ("_k", "_v"):
+                old = getattr(self, name)
+                new = np.zeros(old.shape[:2] + (cap,) + old.shape[3:], old.dtype)
+                new[:, :, : self.tokens] = old[:, :, : self.tokens]
+                setattr(self, name, new)
+            keep_new = np.zeros((self._keep.shape[0], cap), bool)
+            keep_new[:, : self.tokens] = self._keep[:, : self.tokens]
+            self._keep = keep_new
+        # masked rows are stored as zeros (never read, as in the C kernels)
+        self._k[:, :, self.tokens: need] = np.where(keep[:, None, :, None], k, 0)
+        self._v[:, :, self.tokens: need] = np.where(keep[:, None, :, None], v, 0)
+        self._keep[:, self.tokens: need] = keep
+        self.tokens = need
+
+    def copy(self) -> "KVCacheState":
+        return KVCacheState(self._k.copy(), self._v.copy(), self._keep.copy(), self.tokens)
+
+    def __repr__(self) -> str:
+        B, H, _, d = self._k.shape
+        return f"KVCacheState(B={B}, H={H}, d={d}, e={self._v.shape[-1]}, dtype={self.dtype}, tokens={self.tokens})"
+
+
+State = Union[LinearAttentionState, KVCacheState]
+
+
+def _float_dtype(name: str, dtype) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from None
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+    return dt
+
+
+# ----------------------------------------------------------------- feature maps
+# Each returns (f, s) for x (B, H, T, d) in x's dtype: phi(x) = exp(s) f with |f| <= 1,
+# the same split the C feature maps use (csrc/featmap_*.inc), so the guard matches.
+
+def _proj(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    return np.einsum("bhtd,hmd->bhtm", x, W.astype(x.dtype, copy=False))
+
+
+def _flex_s_features(x, p):
+    omega = p["omega"]
+    u = _proj(x, omega)
+    f = np.concatenate([np.cos(u), np.sin(u)], axis=-1) * x.dtype.type(1.0 / np.sqrt(omega.shape[1]))
+    s = (x * x).sum(-1) * x.dtype.type(1.0 / (2.0 * np.sqrt(x.shape[-1])))
+    return f, s
+
+
+def _flex_n_features(x, p):
+    a, b = _proj(x, p["omega1"]), _proj(x, p["omega2"])
+    scale = x.dtype.type(1.0 / np.sqrt(4.0 * p["omega1"].shape[1]))
+    f = np.concatenate([np.cos(a) + np.cos(b), np.sin(a) + np.sin(b)], axis=-1) * scale
+    coef = np.exp(-np.asarray(p["tau"], dtype=x.dtype))[None, :, None]
+    return f, (x * x).sum(-1) * coef
+
+
+def _performer_features(x, p):
+    xs = x * x.dtype.type(x.shape[-1] ** -0.25)
+    u = _proj(xs, p["omega"])
+    c = u.max(-1)
+    f = np.exp(u - c[..., None]) * x.dtype.type(1.0 / np.sqrt(p["omega"].shape[1]))
+    return f, c - x.dtype.type(0.5) * (xs * xs).sum(-1)
+
+
+def _hedgehog_features(x, p):
+    u = np.einsum("bhtd,hdm->bhtm", x, p["W"].astype(x.dtype, copy=False))
+    z = np.concatenate([u, -u], axis=-1)
+    z = np.exp(z - z.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True), np.zeros(x.shape[:-1], x.dtype)
+
+
+def _normalised(phi):
+    norm = np.sqrt((phi * phi).sum(-1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(norm[..., None] > 0, phi / np.where(norm > 0, norm, 1)[..., None], 0).astype(phi.dtype)
+        s = np.where(norm > 0, np.log(np.where(norm > 0, norm, 1)), -np.inf).astype(phi.dtype)
+    return f, s
+
+
+def _linear_features(x, p):
+    return _normalised(x)
+
+
+def _elu_features(x, p):
+    return _normalised(np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype))
+
+
+_FEATURES = {
+    "flex_s": _flex_s_features, "rfa": _flex_s_features, "flex_n": _flex_n_features,
+    "performer": _performer_features, "hedgehog": _hedgehog_features, "linear": _linear_features,
+    "elu": _elu_features,
+}
+
+_PARAM_NAMES = {"flex_s": ("omega",), "rfa": ("omega",), "flex_n": ("omega1", "omega2", "tau"),
+                "performer": ("omega",), "hedgehog": ("W",), "linear": (), "elu": (), "softmax": ()}
+
+
+def _num_features(kind: str, params: Params, d: int) -> int:
+    if kind in ("flex_s", "rfa", "hedgehog"):
+        return 2 * (params["omega"].shape[1] if kind != "hedgehog" else params["W"].shape[2])
+    if kind == "flex_n":
+        return 2 * params["omega1"].shape[1]
+    if kind == "performer":
+        return params["omega"].shape[1]
+    return d  # linear (the features are the inputs) and elu
+
+
+def _shift_exp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """exp(a - b) for b >= a, with exp(-inf - anything) = 0 (no NaN from -inf - -inf)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(np.isneginf(a), 0, np.exp(a - b)).astype(a.dtype, copy=False)
+
+
+def _advance(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
+    """Outputs of T <= _CHUNK new rows and the state moved past them (in place).
+
+    fq, fk (B,H,T,F); sk (B,H,T) key log-scales, -inf for masked keys; v (B,H,T,e)."""
+    T = fk.shape[2]
+    Mi = np.maximum(state.M[..., None], np.maximum.accumulate(sk, axis=-1))   # (B,H,T) row scales
+    carry = _shift_exp(np.broadcast_to(state.M[..., None], Mi.shape), Mi)   # old state's weight per row
+    with np.errstate(invalid="ignore", over="ignore"):
+        W = np.exp(sk[..., None, :] - Mi[..., :, None])                      # (B,H,T,T)
+    W = np.where(np.tril(np.ones((T, T), bool)) & ~np.isneginf(sk)[..., None, :], W, 0).astype(fq.dtype)
+    A = W * np.matmul(fq, np.swapaxes(fk, -1, -2))
+    num = np.matmul(A, v) + carry[..., None] * np.matmul(fq, state.S)
+    den = A.sum(-1) + carry * np.matmul(fq, state.z[..., None])[..., 0]
+    R = W.sum(-1) + carry * state.R[..., None]
+    bound = fq.dtype.type(eps) * R
+    g = np.where(den < bound, bound, den)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where((R > 0)[..., None], num / np.where(R > 0, g, 1)[..., None], 0).astype(fq.dtype)
+    Mn = Mi[..., -1]
+    keep = _shift_exp(state.M, Mn)
+    wk = _shift_exp(sk, Mn[..., None])
+    wf = wk[..., None] * fk
+    state.S = keep[..., None, None] * state.S + np.matmul(np.swapaxes(wf, -1, -2), v)
+    state.z = keep[..., None] * state.z + wf.sum(2)
+    state.R = keep * state.R + wk.sum(-1)
+    state.M = Mn
+    state.tokens += T
+    return out
+
+
+class RecurrentAttention:
+    """Causal attention of one kind, run as a recurrence.
+
+    Parameters
+    ----------
+    kind : str
+        One of ``RECURRENT_KINDS``: the causal kinds of :mod:`flexformer.registry`
+        (flex_s, flex_n, rfa, performer, hedgehog, elu, softmax) or ``"linear"``, where
+        q and k are the features themselves as in :func:`flexformer.linear_attention`.
+    params : dict of ndarray, optional
+        The kind's parameters (``get_attention(kind).init(...)``); none for linear, elu
+        and softmax.
+    eps : float
+        Denominator guard, as in the parallel functions.
+    """
+
+    def __init__(self, kind: str, params: Optional[Params] = None, *, eps: float = lin.DEFAULT_EPS):
+        if kind not in RECURRENT_KINDS:
+            why = " (Linformer projects along the whole sequence and has no causal form)" if kind == "linformer" else ""
+            raise ValueError(f"kind must be one of {', '.join(RECURRENT_KINDS)}, got {kind!r}{why}")
+        params = {} if params is None else dict(params)
+        missing = [n for n in _PARAM_NAMES[kind] if n not in params]
+        if missing:
+            raise ValueError(f"params for {kind} need {', '.join(_PARAM_NAMES[kind])}; missing {', '.join(missing)}")
+        self.kind = kind
+        self.params = {n: np.asarray(params[n]) for n in _PARAM_NAMES[kind]}
+        self.eps = check_real("eps", eps)
+        if not (np.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"eps must be finite and > 0, got {eps}")
+
+    # ------------------------------------------------------------------ helpers
+    def _parallel(self, q, k, v, key_mask):
+        p = self.params
+        kw = dict(causal=True, key_mask=key_mask, eps=self.eps)
+        if self.kind in ("flex_s", "rfa"):
+            return lin.flex_s_attention(q, k, v, p["omega"], **kw)
+        if self.kind == "flex_n":
+            return lin.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"], **kw)
+        if self.kind == "performer":
+            return lin.performer_attention(q, k, v, p["omega"], **kw)
+        if self.kind == "hedgehog":
+            return lin.hedgehog_attention(q, k, v, p["W"], **kw)
+        if self.kind == "elu":
+            phi = [np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype) for x in (q, k)]
+            return lin.linear_attention(phi[0], phi[1], v, **kw)
+        if self.kind == "linear":
+            return lin.linear_attention(q, k, v, **kw)
+        return sm.softmax_attention(q, k, v, causal=True, key_mask=key_mask)
+
+    def _check_inputs(self, q, k, v, key_mask, state: Optional[State] = None):
+        arrays = []
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            x = np.asarray(x)
+            if x.dtype not in (np.float32, np.float64):
+                raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+            if x.ndim != 4:
+                raise ValueError(f"{name} must be 4-d (B, H, T, {'e' if name == 'v' else 'd'}), got shape {x.shape}")
+            arrays.append(x)
+        q, k, v = arrays
+        if not (q.dtype == k.dtype == v.dtype):
+            raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if q.shape[:3] != k.shape[:3] or q.shape[-1] != k.shape[-1] or v.shape[:3] != k.shape[:3]:
+            raise ValueError(f"q (B,H,T,d), k (B,H,T,d) and v (B,H,T,e) must agree on B, H, T (and d for q, k); "
+                             f"got {q.shape}, {k.shape}, {v.shape}")
+        if q.shape[2] < 1:
+            raise ValueError("q, k and v need at least one token (T >= 1)")
+        B, H, T, d = q.shape
+        self._check_params(H, d)
+        if key_mask is not None:
+            key_mask = np.asarray(key_mask)
+            if key_mask.dtype != np.bool_ or key_mask.shape != (B, T):
+                raise ValueError(f"key_mask must be a bool array of shape (B, T) = {(B, T)}, got "
+                                 f"{key_mask.dtype} {key_mask.shape}")
+        if state is not None:
+            self._check_state(state, q, v)
+        return q, k, v, key_mask
+
+    def _check_params(self, H: int, d: int) -> None:
+        p = self.params
+        for name in ("omega", "omega1", "omega2"):
+            if name in p and (p[name].ndim != 3 or p[name].shape[0] != H or p[name].shape[2] != d):
+                raise ValueError(f"{name} must have shape (H, m, d) = ({H}, m, {d}), got {p[name].shape}")
+        if "tau" in p and p["tau"].shape != (H,):
+            raise ValueError(f"tau must have shape (H,) = ({H},), got {p['tau'].shape}")
+        if "W" in p and (p["W"].ndim != 3 or p["W"].shape[:2] != (H, d)):
+            raise ValueError(f"W must have shape (H, d, m) = ({H}, {d}, m), got {p['W'].shape}")
+
+    def _check_state(self, state, q, v) -> None:
+        B, H, _, d = q.shape
+        e = v.shape[-1]
+        if self.kind == "softmax":
+            if not isinstance(state, KVCacheState):
+                raise TypeError(f"state for softmax must be a KVCacheState, got {type(state).__name__}")
+            want, got = (B, H, d, e), state._k.shape[:2] + (state._k.shape[3], state._v.shape[3])
+            what = "(B, H, d, e)"
+        else:
+            if not isinstance(state, LinearAttentionState):
+                raise TypeError(f"state for {self.kind} must be a LinearAttentionState, got {type(state).__name__}")
+            want, got = (B, H, _num_features(self.kind, self.params, d), e), state.S.shape
+            what = "(B, H, F, e)"
+            if state.z.shape != got[:3] or state.R.shape != got[:2] or state.M.shape != got[:2]:
+                raise ValueError("state arrays are inconsistent: z must be (B, H, F), R and M (B, H)")
+        if tuple(got) != tuple(want):
+            raise ValueError(f"state has shape {what} = {tuple(got)} but these inputs need {tuple(want)}")
+        if state.dtype != q.dtype:
+            raise TypeError(f"state is {state.dtype} but q, k, v are {q.dtype}")
+
+    # --------------------------------------------------------------------- API
+    def empty_state(self, batch: int, heads: int, head_dim: int, value_dim: int, dtype=np.float32) -> State:
+        """A state that has seen no tokens, for inputs of head size ``head_dim`` (d) and
+        values of size ``value_dim`` (e)."""
+        if self.kind == "softmax":
+            return KVCacheState.empty(batch, heads, head_dim, value_dim, dtype)
+        self._check_params(heads, head_dim)
+        return LinearAttentionState.empty(batch, heads, _num_features(self.kind, self.params, head_dim),
+                                          value_dim, dtype)
+
+    def prefill(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                key_mask: Optional[np.ndarray] = None) -> Tuple[np.ndarray, State]:
+        """Process a prompt in one parallel causal call; returns (out (B, H, T, e), state).
+
+        ``out`` is exactly the parallel causal forward; ``state`` continues it."""
+        q, k, v, key_mask = self._check_inputs(q, k, v, key_mask)
+        out = self._parallel(q, k, v, key_mask)
+        B, H, T, d = q.shape
+        state = self.empty_state(B, H, d, v.shape[-1], q.dtype)
+        if self.kind == "softmax":
+            state.append(k, v, np.ones((B, T), bool) if key_mask is None else key_mask)
+            return out, state
+        for lo in range(0, T, _PREFILL_BLOCK):
+            hi = min(T, lo + _PREFILL_BLOCK)
+            fk, sk = _FEATURES[self.kind](k[:, :, lo:hi], self.params)
+            if key_mask is not None:
+                sk = np.where(key_mask[:, None, lo:hi], sk, -np.inf).astype(sk.dtype)
+            Mn = np.maximum(state.M, sk.max(-1))
+            keep = _shift_exp(state.M, Mn)
+            wk = _shift_exp(sk, Mn[..., None])
+            wf = wk[..., None] * fk
+            state.S = keep[..., None, None] * state.S + np.matmul(np.swapaxes(wf, -1, -2), v[:, :, lo:hi])
+            state.z = keep[..., None] * state.z + wf.sum(2)
+            state.R = keep * state.R + wk.sum(-1)
+            state.M = Mn
+        state.tokens = T
+        return out, state
+
+    def step(self, state: State, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+             key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """Advance ``state`` in place by T >= 1 tokens (q, k: (B, H, T, d); v: (B, H, T, e));
+        returns their outputs (B, H, T, e), row t seeing every earlier key and keys <= t."""
+        q, k, v, key_mask = self._check_inputs(q, k, v, key_mask, state)
+        if self.kind == "softmax":
+            return self._softmax_step(state, q, k, v, key_mask)
+        outs = []
+        for lo in range(0, q.shape[2], _CHUNK):
+            hi = min(q.shape[2], lo + _CHUNK)
+            fq, _ = _FEATURES[self.kind](q[:, :, lo:hi], self.params)
+            fk, sk = _FEATURES[self.kind](k[:, :, lo:hi], self.params)
+            if key_mask is not None:
+                sk = np.where(key_mask[:, None, lo:hi], sk, -np.inf).astype(sk.dtype)
+            outs.append(_advance(state, fq, fk, sk, v[:, :, lo:hi], self.eps))
+        return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=2)
+
+    def _softmax_step(self, state: KVCacheState, q, k, v, key_mask) -> np.ndarray:
+        B, H, T, d = q.shape
+        t0 = state.tokens
+        state.append(k, v, np.ones((B, T), bool) if key_mask is None else key_mask)
+        logits = np.matmul(q, np.swapaxes(state.keys, -1, -2)) * q.dtype.type(1.0 / np.sqrt(d))  # (B,H,T,t)
+        visible = np.arange(state.tokens)[None, :] <= (t0 + np.arange(T))[:, None]
+        visible = visible[None, None] & state.key_mask[:, None, None, :]
+        logits = np.where(visible, logits, -np.inf)
+        top = logits.max(-1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0)
+        w = np.exp(logits - top)
+        den = w.sum(-1, keepdims=True)
+        out = np.matmul(w, state.values) / np.where(den > 0, den, 1)
+        return out.astype(q.dtype, copy=False)
