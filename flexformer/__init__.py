@@ -10,7 +10,7 @@ Quick start::
 import numpy as np
 
 from . import _C
-from . import data, init, nn, reference, testing, training
+from . import data, init, nn, recurrent, reference, testing, training
 from .attention import (
     DEFAULT_EPS,
     flex_n_attention,
@@ -24,6 +24,7 @@ from .attention import (
     performer_attention,
     performer_attention_backward,
 )
+from .recurrent import KVCacheState, LinearAttentionState, RecurrentAttention
 from .registry import AttentionKind, attention_kinds, get_attention
 from .softmax import (
     linformer_attention,
@@ -55,6 +56,9 @@ def get_num_threads() -> int:
 
 __all__ = [
     "AttentionKind",
+    "KVCacheState",
+    "LinearAttentionState",
+    "RecurrentAttention",
     "DEFAULT_EPS",
     "attention_kinds",
     "get_attention",
@@ -77,6 +81,7 @@ __all__ = [
     "init",
     "nn",
     "openmp_enabled",
+    "recurrent",
     "reference",
     "set_num_threads",
     "testing",

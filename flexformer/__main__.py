@@ -1,9 +1,11 @@
-"""Command line: ``python -m flexformer {train,compare,demo}``.
+"""Command line: ``python -m flexformer {train,compare,demo,generate}``.
 
 ``train`` trains a small model on a task (default: flex_n attention on generated ListOps)
 and writes a checkpoint and metrics.json; ``compare`` runs several attention kinds under
 the same budget and prints a markdown table; ``demo`` times Flexformer_n attention and
-shows how close the freshly initialised kernel is to exact softmax attention.
+shows how close the freshly initialised kernel is to exact softmax attention;
+``generate`` samples text from a text-lm checkpoint with recurrent (constant cost per
+token) decoding, streaming it as it is produced.
 """
 from __future__ import annotations
 
@@ -79,6 +81,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--linformer-sharing", default=d.linformer_sharing,
                    help="none, headwise, key-value or layerwise (default none)")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"sequence length (default {d.seq_len})")
+    p.add_argument("--positional", default=d.positional, help="learned (default) or sinusoidal positions "
+                   "(sinusoidal ones extend past --seq-len when generating)")
     p.add_argument("--steps", type=int, default=None,
                    help=f"training steps (default {d.steps}; with --resume: a new total)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"(default {d.batch_size})")
@@ -97,7 +101,7 @@ def _config_from(args):
 
     return TrainConfig(task=args.task, attention=args.attention, dim=args.dim, depth=args.depth,
                        heads=args.heads, num_features=args.features, linformer_sharing=args.linformer_sharing,
-                       seq_len=args.seq_len, steps=args.steps or TrainConfig.steps,
+                       positional=args.positional, seq_len=args.seq_len, steps=args.steps or TrainConfig.steps,
                        batch_size=args.batch_size, lr=args.lr,
                        weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
                        threads=args.threads, data_dir=args.data_dir, eval_batches=args.eval_batches,
@@ -172,6 +176,47 @@ def compare_command(args) -> int:
     return 0
 
 
+def generate_command(args) -> int:
+    from .training import load_model
+
+    if args.threads is not None:
+        set_num_threads(args.threads)
+    model, cfg, meta = load_model(args.checkpoint)
+    if cfg.task != "text-lm":
+        raise ValueError(f"{args.checkpoint} is a {cfg.task} model; generate needs a text-lm checkpoint "
+                         f"(python -m flexformer train --task text-lm --data-dir ...)")
+    if args.tokens < 0:
+        raise ValueError(f"--tokens must be >= 0, got {args.tokens}")
+    prompt = np.frombuffer(args.prompt.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+    if prompt.size == 0:
+        raise ValueError("--prompt must not be empty")
+    pos = model.backbone.pos
+    if pos.learned and prompt.size + args.tokens > pos.max_len:
+        raise ValueError(f"this model has learned positions for {pos.max_len} bytes; the prompt ({prompt.size}) "
+                         f"plus --tokens ({args.tokens}) is longer. Use fewer tokens, or train with "
+                         f"--positional sinusoidal (positions without a limit)")
+    print(f"flexformer generate: {cfg.attention} model, step {meta.get('step')}, {args.tokens} bytes after a "
+          f"{prompt.size}-byte prompt", file=sys.stderr)
+    out = sys.stdout.buffer
+    out.write(args.prompt.encode("utf-8"))
+    out.flush()
+    t0 = time.perf_counter()
+
+    def emit(token: int) -> None:
+        out.write(bytes([token]))
+        out.flush()
+
+    model.generate(prompt, args.tokens, temperature=args.temperature, top_k=args.top_k, rng=args.seed,
+                   on_token=emit)
+    out.write(b"\n")
+    out.flush()
+    took = time.perf_counter() - t0
+    if args.tokens:
+        print(f"{args.tokens} tokens in {took:.2f} s ({took / args.tokens * 1e3:.2f} ms per token, prompt "
+              f"included)", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flexformer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,6 +238,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
     p.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("generate", help="sample text from a text-lm checkpoint (recurrent decoding)")
+    g.add_argument("--checkpoint", required=True, metavar="DIR", help="run folder or checkpoint.npz of a "
+                   "text-lm model")
+    g.add_argument("--prompt", required=True, help="text to continue")
+    g.add_argument("--tokens", type=int, default=200, help="bytes to generate (default 200)")
+    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely bytes")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
     return parser
 
 
@@ -226,12 +280,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "compare":
             args.train_args = [a for a in extra if a != "--"]
             return compare_command(args)
+        if args.command == "generate":
+            return generate_command(args)
         for name in ("seq_len", "heads", "head_dim", "features", "repeats"):
             if getattr(args, name) < 1:
                 print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
                 return 2
         return demo(args)
     except (ValueError, FileNotFoundError, FloatingPointError) as exc:
+        sys.stdout.flush()
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

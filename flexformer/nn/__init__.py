@@ -7,7 +7,8 @@ gradients are NumPy arrays by dotted name: ``model.parameters()``, ``model.gradi
 """
 from .attention import LINFORMER_SHARING, Block, MultiHeadAttention
 from .core import GELU, MLP, Embedding, LayerNorm, Linear, Module, Parameter, PositionalEncoding, cross_entropy
-from .models import CausalLM, EncoderClassifier
+from .models import CausalLM, DecodeCache, EncoderClassifier, sample_token
 
-__all__ = ["Block", "CausalLM", "EncoderClassifier", "Embedding", "GELU", "LINFORMER_SHARING", "LayerNorm",
-           "Linear", "MLP", "Module", "MultiHeadAttention", "Parameter", "PositionalEncoding", "cross_entropy"]
+__all__ = ["Block", "CausalLM", "DecodeCache", "EncoderClassifier", "Embedding", "GELU", "LINFORMER_SHARING", "LayerNorm",
+           "Linear", "MLP", "Module", "MultiHeadAttention", "Parameter", "PositionalEncoding", "cross_entropy",
+           "sample_token"]

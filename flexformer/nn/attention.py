@@ -5,6 +5,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
 from .core import MLP, LayerNorm, Linear, Module, Parameter
 
@@ -107,6 +108,25 @@ class MultiHeadAttention(Module):
         return dx + self.v.backward(self._merge(dv))
 
 
+    # ------------------------------------------------------- recurrent decoding
+    def recurrent(self) -> RecurrentAttention:
+        """This layer's attention as a recurrence (causal layers only)."""
+        if not self.causal:
+            raise ValueError("recurrent decoding needs a causal attention layer")
+        return RecurrentAttention(self.kind.name, self._kernel_values())
+
+    def prefill(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None):
+        """(y, state): the causal forward of x (B, T, dim) and the state after it."""
+        q, k, v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
+        out, state = self.recurrent().prefill(q, k, v, key_mask)
+        return self.o.forward(self._merge(out)), state
+
+    def step(self, x: np.ndarray, state: State, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """Outputs for T new positions x (B, T, dim), advancing ``state`` in place."""
+        q, k, v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
+        return self.o.forward(self._merge(self.recurrent().step(state, q, k, v, key_mask)))
+
+
 class Block(Module):
     """Pre-LN residual block: x + MHA(LN(x)), then x + MLP(LN(x))."""
 
@@ -126,3 +146,12 @@ class Block(Module):
     def backward(self, dy: np.ndarray) -> np.ndarray:
         dx = dy + self.ln2.backward(self.mlp.backward(dy))
         return dx + self.ln1.backward(self.attn.backward(dx))
+
+    def prefill(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None):
+        y, state = self.attn.prefill(self.ln1.forward(x), key_mask)
+        x = x + y
+        return x + self.mlp.forward(self.ln2.forward(x)), state
+
+    def step(self, x: np.ndarray, state: State, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+        x = x + self.attn.step(self.ln1.forward(x), state, key_mask)
+        return x + self.mlp.forward(self.ln2.forward(x))

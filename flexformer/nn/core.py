@@ -188,6 +188,16 @@ class Embedding(Module):
         return None
 
 
+def _sinusoidal(positions: np.ndarray, dim: int) -> np.ndarray:
+    """The fixed sin/cos encodings (Vaswani et al.) of the given positions: (len, dim)."""
+    pos = positions[:, None].astype(np.float64)
+    freq = np.exp(-np.log(10000.0) * (np.arange(0, dim, 2) / dim))
+    table = np.zeros((len(positions), dim))
+    table[:, 0::2] = np.sin(pos * freq)
+    table[:, 1::2] = np.cos(pos * freq[: dim // 2])
+    return table
+
+
 class PositionalEncoding(Module):
     """Adds a learned (max_len, dim) table or the fixed sinusoidal one (Vaswani et al.)."""
 
@@ -199,19 +209,23 @@ class PositionalEncoding(Module):
             self.P = self.add_param("P", (rng.standard_normal((max_len, dim)) * 0.02).astype(dtype),
                                     kind="embedding")
         else:
-            pos = np.arange(max_len)[:, None]
-            freq = np.exp(-np.log(10000.0) * (np.arange(0, dim, 2) / dim))
-            table = np.zeros((max_len, dim))
-            table[:, 0::2] = np.sin(pos * freq)
-            table[:, 1::2] = np.cos(pos * freq[: dim // 2])
-            self.table = table.astype(dtype)
+            self.table = _sinusoidal(np.arange(max_len), dim).astype(dtype)
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
+        """x (B, N, dim) plus the encodings of positions offset .. offset + N - 1.
+
+        Learned positions stop at max_len; sinusoidal ones extend past it (recurrent
+        decoding of long contexts)."""
         N = x.shape[1]
-        if N > self.max_len:
-            raise ValueError(f"sequence length {N} exceeds the model's max_len {self.max_len}")
+        end = offset + N
+        if end > self.max_len:
+            if self.learned:
+                raise ValueError(f"position {end - 1} is past the model's max_len {self.max_len} (learned "
+                                 f"positions exist for 0..{self.max_len - 1}); use a shorter context or a model "
+                                 f"with sinusoidal positions")
+            return x + _sinusoidal(np.arange(offset, end), x.shape[-1]).astype(x.dtype)
         self._N = N
-        return x + (self.P.value[:N] if self.learned else self.table[:N])
+        return x + (self.P.value[offset:end] if self.learned else self.table[offset:end])
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         if self.learned:

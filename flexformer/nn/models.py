@@ -1,11 +1,13 @@
 """The two models: an encoder classifier (mean-pooled) and a causal language model."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from ..init import RngLike, as_generator
+from ..recurrent import State
 from .attention import Block
 from .core import Embedding, LayerNorm, Linear, Module, Parameter, PositionalEncoding
 
@@ -33,11 +35,41 @@ class _Backbone(Module):
             x = block.forward(x, key_mask)
         return self.norm.forward(x)
 
+    def prefill(self, ids: np.ndarray) -> "DecodeCache":
+        x = self.pos.forward(self.embed.forward(ids))
+        states = []
+        for block in self.blocks:
+            x, state = block.prefill(x)
+            states.append(state)
+        return self.norm.forward(x), DecodeCache(states, ids.shape[1])
+
+    def step(self, ids: np.ndarray, cache: "DecodeCache") -> np.ndarray:
+        x = self.pos.forward(self.embed.forward(ids), offset=cache.position)
+        for block, state in zip(self.blocks, cache.states):
+            x = block.step(x, state)
+        cache.position += ids.shape[1]
+        return self.norm.forward(x)
+
     def backward(self, dh: np.ndarray) -> None:
         dx = self.norm.backward(dh)
         for block in reversed(self.blocks):
             dx = block.backward(dx)
         self.embed.backward(self.pos.backward(dx))
+
+
+@dataclass
+class DecodeCache:
+    """Per-layer recurrent states of a causal LM and the next position to fill."""
+
+    states: List[State]
+    position: int
+
+    def copy(self) -> "DecodeCache":
+        return DecodeCache([s.copy() for s in self.states], self.position)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.states)
 
 
 class EncoderClassifier(Module):
@@ -100,3 +132,73 @@ class CausalLM(Module):
 
     def backward(self, dlogits: np.ndarray) -> None:
         self.backbone.backward(self.head.backward(dlogits))
+
+    # ------------------------------------------------------- recurrent decoding
+    def prefill(self, ids: np.ndarray):
+        """(logits (B, T, vocab), cache): the prompt ids (B, T) in one parallel pass per
+        layer; the cache continues from there with :meth:`step`."""
+        ids = _check_ids(ids, self.backbone.embed.vocab)
+        h, cache = self.backbone.prefill(ids)
+        return self.head.forward(h), cache
+
+    def step(self, ids: np.ndarray, cache: DecodeCache) -> np.ndarray:
+        """Logits (B, T, vocab) of T >= 1 further tokens (B, T); advances ``cache``."""
+        ids = _check_ids(ids, self.backbone.embed.vocab)
+        return self.head.forward(self.backbone.step(ids, cache))
+
+    def generate(self, prompt: np.ndarray, num_tokens: int, *, temperature: float = 1.0,
+                 top_k: Optional[int] = None, rng: RngLike = None,
+                 on_token: Optional[Callable[[int], None]] = None) -> np.ndarray:
+        """Sample ``num_tokens`` tokens after ``prompt`` (1-d ids) with the recurrent state.
+
+        The prompt is processed in one parallel call per layer, then each new token costs
+        the same whatever the context length (linear kinds). ``temperature`` 0 is greedy;
+        ``top_k`` keeps the k most likely tokens; ``on_token(id)`` is called as each token
+        is chosen (for streaming). Returns the new ids (num_tokens,)."""
+        prompt = np.asarray(prompt)
+        if prompt.ndim != 1 or prompt.size < 1:
+            raise ValueError(f"prompt must be a non-empty 1-d array of token ids, got shape {prompt.shape}")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if not (isinstance(temperature, (int, float, np.floating)) and np.isfinite(temperature)
+                and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        vocab = self.head.W.value.shape[1]
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+                                  or not 1 <= top_k <= vocab):
+            raise ValueError(f"top_k must be an int in 1..{vocab} or None, got {top_k!r}")
+        gen = as_generator(rng)
+        logits, cache = self.prefill(prompt[None, :])
+        out = []
+        for i in range(num_tokens):
+            token = sample_token(logits[0, -1], temperature, top_k, gen)
+            out.append(token)
+            if on_token is not None:
+                on_token(token)
+            if i + 1 < num_tokens:
+                logits = self.step(np.array([[token]]), cache)
+        return np.array(out, dtype=np.int64)
+
+
+def sample_token(logits: np.ndarray, temperature: float, top_k: Optional[int], rng: np.random.Generator) -> int:
+    """One id from logits (vocab,): argmax when temperature is 0, else softmax(logits / T)
+    restricted to the top_k largest."""
+    z = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        return int(np.argmax(z))
+    z = z / temperature
+    if top_k is not None and top_k < z.size:
+        cut = np.partition(z, -top_k)[-top_k]
+        z = np.where(z >= cut, z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    return int(rng.choice(z.size, p=p))
+
+
+def _check_ids(ids, vocab: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids must be a 2-d integer array (B, T), got {ids.dtype} {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"ids must lie in 0..{vocab - 1}")
+    return ids

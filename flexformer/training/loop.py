@@ -78,13 +78,41 @@ def build_data(cfg: TrainConfig):
 
 
 def build_model(cfg: TrainConfig, data):
-    dtype = np.dtype(cfg.dtype)
-    common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=data.seq_len if cfg.task == "fmnist"
-                  else cfg.seq_len, attention=cfg.attention, positional=cfg.positional,
-                  num_features=cfg.num_features, rng=cfg.seed, dtype=dtype)
+    return model_for_config(cfg, data.vocab_size, getattr(data, "num_classes", None),
+                            data.seq_len if cfg.task == "fmnist" else cfg.seq_len)
+
+
+def model_for_config(cfg: TrainConfig, vocab: int, num_classes: Optional[int], max_len: int):
+    """The model a run with ``cfg`` trains, given the data's sizes (no data is read)."""
+    common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
+                  positional=cfg.positional, num_features=cfg.num_features, rng=cfg.seed,
+                  dtype=np.dtype(cfg.dtype))
     if cfg.task == "text-lm":
-        return CausalLM(data.vocab_size, **common)
-    return EncoderClassifier(data.vocab_size, data.num_classes, linformer_sharing=cfg.linformer_sharing, **common)
+        return CausalLM(vocab, **common)
+    return EncoderClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
+
+
+def load_model(path: str):
+    """(model, cfg, meta) from a run folder or a checkpoint.npz written by :func:`train`.
+
+    The sizes (vocabulary, classes, positions) come from the saved arrays, so no data
+    is needed; ValueError when the file is not a usable checkpoint."""
+    ckpt = os.path.join(path, "checkpoint.npz") if os.path.isdir(path) else path
+    params, _, meta = checkpoint.load(ckpt)
+    try:
+        cfg = TrainConfig(**meta["config"])
+        vocab = params["backbone.embed.W"].shape[0]
+        classes = params["head.W"].shape[1]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{ckpt} does not hold a flexformer model ({exc})") from None
+    max_len = params["backbone.pos.P"].shape[0] if "backbone.pos.P" in params else (
+        784 if cfg.task == "fmnist" else cfg.seq_len)
+    model = model_for_config(cfg, vocab, None if cfg.task == "text-lm" else classes, max_len)
+    try:
+        model.load_parameters(params)
+    except KeyError as exc:
+        raise ValueError(f"{ckpt} does not match its saved configuration: {exc}") from None
+    return model, cfg, meta
 
 
 def batch_for(cfg: TrainConfig, data, step: int, split: str = "train"):
