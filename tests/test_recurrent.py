@@ -1,0 +1,258 @@
+"""Recurrent inference: the step path against the parallel causal kernels and the
+quadratic reference, prefill, state copies, bad inputs, the LM decode loop and the CLI."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+from flexformer import reference
+from flexformer.nn import CausalLM
+from flexformer.recurrent import RECURRENT_KINDS, KVCacheState, LinearAttentionState, RecurrentAttention
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "austen")
+TOL = {np.float64: 1e-10, np.float32: 2e-4}
+
+
+def _setup(kind, dtype, B=1, H=2, N=64, d=6, seed=0, scale=0.6):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((B, H, N, d)).astype(dtype) * dtype(scale) for _ in range(3))
+    params = {} if kind == "linear" else ff.get_attention(kind).init(H, d, num_features=5, rng=seed, dtype=dtype)
+    if kind == "linear":  # the generic kind takes features: make them non-negative
+        q, k = np.abs(q) + dtype(0.1), np.abs(k) + dtype(0.1)
+    return RecurrentAttention(kind, params), q, k, v
+
+
+def _rel(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def _step_all(rec, q, k, v, mask=None, state=None):
+    B, H, N, d = q.shape
+    state = rec.empty_state(B, H, d, v.shape[-1], q.dtype) if state is None else state
+    outs = [rec.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                     None if mask is None else mask[:, t:t + 1]) for t in range(N)]
+    return np.concatenate(outs, axis=2), state
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", RECURRENT_KINDS)
+def test_step_matches_parallel_over_thousands_of_tokens(kind, dtype):
+    rec, q, k, v = _setup(kind, dtype, N=2048)
+    par = rec.prefill(q, k, v)[0]  # the parallel causal C kernel
+    out, state = _step_all(rec, q, k, v)
+    assert out.dtype == dtype and state.tokens == 2048
+    assert _rel(out, par.astype(np.float64)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "performer", "linear"])
+def test_step_matches_quadratic_reference(kind):
+    rec, q, k, v = _setup(kind, np.float64, B=2, H=2, N=40)
+    mask = np.random.default_rng(3).random((2, 40)) < 0.7
+    p = rec.params
+    if kind == "flex_n":
+        ref = reference.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"], causal=True, key_mask=mask)
+    elif kind == "flex_s":
+        ref = reference.flex_s_attention(q, k, v, p["omega"], causal=True, key_mask=mask)
+    elif kind == "performer":
+        ref = reference.performer_attention(q, k, v, p["omega"], causal=True, key_mask=mask)
+    else:
+        ref = reference.linear_attention(q, k, v, causal=True, key_mask=mask)
+    out, _ = _step_all(rec, q, k, v, mask)
+    assert _rel(out, ref) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "performer", "elu"])
+def test_late_key_with_a_much_larger_norm(kind, dtype):
+    """A late key whose log-scale dwarfs every earlier one rescales the state (no overflow)."""
+    rec, q, k, v = _setup(kind, dtype, N=600, d=8, scale=0.5)
+    k[:, :, 400] *= dtype(12.0)   # flex_s: s(k) goes from ~0.25 to ~40 (exp(40) in float32 would be 2e17)
+    k[:, :, 500] *= dtype(25.0)
+    par = rec.prefill(q, k, v)[0]
+    out, state = _step_all(rec, q, k, v)
+    assert np.isfinite(out).all() and np.isfinite(state.S).all()
+    assert _rel(out, par.astype(np.float64)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", RECURRENT_KINDS)
+def test_prefill_then_step_equals_all_parallel(kind, dtype):
+    rec, q, k, v = _setup(kind, dtype, B=2, N=150)
+    mask = np.random.default_rng(1).random((2, 150)) < 0.75
+    full = rec.prefill(q, k, v, mask)[0].astype(np.float64)
+    head, state = rec.prefill(q[:, :, :90], k[:, :, :90], v[:, :, :90], mask[:, :90])
+    rest_one = rec.step(state.copy(), q[:, :, 90:], k[:, :, 90:], v[:, :, 90:], mask[:, 90:])  # 60 at once
+    rest_each, _ = _step_all(rec, q[:, :, 90:], k[:, :, 90:], v[:, :, 90:], mask[:, 90:], state)
+    assert _rel(np.concatenate([head, rest_one], 2), full) < TOL[dtype]
+    assert _rel(np.concatenate([head, rest_each], 2), full) < TOL[dtype]
+    assert state.tokens == 150
+
+
+def test_multi_token_step_spans_several_chunks():
+    rec, q, k, v = _setup("flex_n", np.float64, N=300)
+    state = rec.empty_state(1, 2, 6, 6, np.float64)
+    out = rec.step(state, q, k, v)   # 300 tokens > one 64-token block
+    assert _rel(out, rec.prefill(q, k, v)[0]) < 1e-10
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "softmax"])
+def test_state_copy_is_independent(kind):
+    rec, q, k, v = _setup(kind, np.float64, N=30)
+    _, state = rec.prefill(q[:, :, :20], k[:, :, :20], v[:, :, :20])
+    branch = state.copy()
+    a = rec.step(state, q[:, :, 20:], k[:, :, 20:], v[:, :, 20:])
+    # advancing the original left the copy where it was: the copy gives the same outputs again
+    b = rec.step(branch, q[:, :, 20:], k[:, :, 20:], v[:, :, 20:])
+    np.testing.assert_array_equal(a, b)
+    # and advancing the copy with other tokens does not touch the original
+    before = (state.S.copy(), state.z.copy()) if kind != "softmax" else (state.keys.copy(),)
+    rec.step(branch, q[:, :, :5], k[:, :, :5], v[:, :, :5])
+    after = (state.S, state.z) if kind != "softmax" else (state.keys,)
+    for x, y in zip(before, after):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_state_memory_is_fixed_for_linear_kinds_and_grows_for_softmax():
+    lin_rec, q, k, v = _setup("flex_n", np.float32, N=200)
+    sm_rec = RecurrentAttention("softmax")
+    _, lin_state = lin_rec.prefill(q[:, :, :10], k[:, :, :10], v[:, :, :10])
+    _, kv_state = sm_rec.prefill(q[:, :, :10], k[:, :, :10], v[:, :, :10])
+    lin0, kv0 = lin_state.nbytes, kv_state.nbytes
+    lin_rec.step(lin_state, q[:, :, 10:], k[:, :, 10:], v[:, :, 10:])
+    sm_rec.step(kv_state, q[:, :, 10:], k[:, :, 10:], v[:, :, 10:])
+    assert lin_state.nbytes == lin0 == (2 * 10 * 6 + 2 * 10 + 2 + 2) * 4   # H = 2, F = 2m = 10, e = 6
+    assert kv_state.nbytes == 20 * kv0
+
+
+def test_inputs_not_mutated():
+    rec, q, k, v = _setup("flex_n", np.float32, N=20)
+    copies = [x.copy() for x in (q, k, v)]
+    _, state = rec.prefill(q, k, v)
+    rec.step(state, q, k, v)
+    for x, c in zip((q, k, v), copies):
+        np.testing.assert_array_equal(x, c)
+
+
+def test_bad_inputs_raise_clear_errors():
+    rec, q, k, v = _setup("flex_n", np.float32, N=8)
+    state = rec.empty_state(1, 2, 6, 6, np.float32)
+    with pytest.raises(ValueError, match=r"state has shape \(B, H, F, e\)"):
+        rec.step(rec.empty_state(1, 2, 6, 4, np.float32), q, k, v)
+    with pytest.raises(ValueError, match="state has shape"):
+        rec.step(rec.empty_state(3, 2, 6, 6, np.float32), q, k, v)
+    with pytest.raises(TypeError, match="state is float64"):
+        rec.step(rec.empty_state(1, 2, 6, 6, np.float64), q, k, v)
+    with pytest.raises(TypeError, match="LinearAttentionState"):
+        rec.step(KVCacheState.empty(1, 2, 6, 6), q, k, v)
+    with pytest.raises(TypeError, match="KVCacheState"):
+        RecurrentAttention("softmax").step(state, q, k, v)
+    with pytest.raises(ValueError, match="inconsistent"):
+        bad = state.copy()
+        bad.z = bad.z[..., :3]
+        rec.step(bad, q, k, v)
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        rec.step(state, q.astype(np.float64), k, v)
+    with pytest.raises(TypeError, match="q must be float32 or float64"):
+        rec.step(state, q.astype(np.int32), k, v)
+    with pytest.raises(ValueError, match="4-d"):
+        rec.step(state, q[0], k, v)
+    with pytest.raises(ValueError, match="must agree"):
+        rec.step(state, q[:, :, :3], k, v)
+    with pytest.raises(ValueError, match="at least one token"):
+        rec.step(state, q[:, :, :0], k[:, :, :0], v[:, :, :0])
+    with pytest.raises(ValueError, match=r"key_mask must be a bool array of shape \(B, T\)"):
+        rec.step(state, q, k, v, np.ones((1, 3), bool))
+    with pytest.raises(ValueError, match=r"omega1 must have shape \(H, m, d\)"):
+        rec.step(state, q[..., :4], k[..., :4], v)
+    with pytest.raises(ValueError, match="no causal form"):
+        RecurrentAttention("linformer")
+    with pytest.raises(ValueError, match="missing tau"):
+        RecurrentAttention("flex_n", {"omega1": rec.params["omega1"], "omega2": rec.params["omega2"]})
+    with pytest.raises(ValueError, match="eps must be finite"):
+        RecurrentAttention("elu", eps=0.0)
+    with pytest.raises(ValueError, match="value_dim must be a positive int"):
+        LinearAttentionState.empty(1, 1, 4, 0)
+    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+        LinearAttentionState.empty(1, 1, 4, 4, dtype=np.int64)
+    assert state.tokens == 0  # nothing above advanced it
+
+
+# ----------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "performer", "hedgehog", "elu", "rfa", "softmax"])
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_lm_prefill_and_step_match_the_parallel_forward(kind, positional):
+    model = CausalLM(40, dim=16, depth=2, heads=2, max_len=48, attention=kind, positional=positional,
+                     dtype=np.float64, rng=2)
+    ids = np.random.default_rng(0).integers(0, 40, (2, 48))
+    full = model.forward(ids)
+    logits, cache = model.prefill(ids[:, :20])
+    steps = [model.step(ids[:, t:t + 1], cache) for t in range(20, 48)]
+    assert cache.position == 48
+    assert _rel(np.concatenate([logits] + steps, 1), full) < 1e-10
+
+
+def test_lm_generate_greedy_is_argmax_of_the_parallel_forward():
+    model = CausalLM(30, dim=16, depth=2, heads=2, max_len=32, attention="flex_n", dtype=np.float64, rng=5)
+    prompt = np.array([3, 1, 4, 1, 5])
+    new = model.generate(prompt, 12, temperature=0)
+    seq = np.concatenate([prompt, new])
+    logits = model.forward(seq[None, :-1])
+    np.testing.assert_array_equal(new, logits[0, len(prompt) - 1:].argmax(-1))
+    streamed = []
+    a = model.generate(prompt, 10, temperature=0.8, top_k=4, rng=7, on_token=streamed.append)
+    b = model.generate(prompt, 10, temperature=0.8, top_k=4, rng=7)
+    np.testing.assert_array_equal(a, b)
+    assert streamed == list(a)
+
+
+def test_lm_generate_limits_and_errors():
+    model = CausalLM(30, dim=16, depth=1, heads=2, max_len=16, attention="flex_n", rng=0)
+    with pytest.raises(ValueError, match="past the model's max_len 16"):
+        model.generate(np.arange(10), 10)
+    sinus = CausalLM(30, dim=16, depth=1, heads=2, max_len=16, attention="flex_n", positional="sinusoidal", rng=0)
+    assert sinus.generate(np.arange(10), 40, rng=0).shape == (40,)  # sinusoidal positions run on
+    for bad, match in (({"num_tokens": -1}, "num_tokens"), ({"temperature": -1.0}, "temperature"),
+                       ({"top_k": 0}, "top_k"), ({"top_k": 31}, "top_k")):
+        kw = dict(num_tokens=3)
+        kw.update(bad)
+        with pytest.raises(ValueError, match=match):
+            sinus.generate(np.arange(3), **kw)
+    with pytest.raises(ValueError, match="prompt must be a non-empty 1-d"):
+        sinus.generate(np.zeros((2, 2), int), 3)
+    with pytest.raises(ValueError, match="ids must lie in 0..29"):
+        sinus.generate(np.array([30]), 3)
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="needs ../shared/data/austen")
+def test_generate_command_streams_text_from_a_checkpoint(tmp_path):
+    run = tmp_path / "lm"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "flexformer", "train", "--task", "text-lm", "--data-dir", DATA,
+                    "--steps", "5", "--seq-len", "32", "--dim", "16", "--heads", "2", "--depth", "1",
+                    "--positional", "sinusoidal", "--eval-batches", "1", "--quiet", "--out", str(run)],
+                   check=True, capture_output=True, env=env)
+    done = subprocess.run([sys.executable, "-m", "flexformer", "generate", "--checkpoint", str(run), "--prompt",
+                           "Emma", "--tokens", "60", "--top-k", "8", "--seed", "3"],
+                          capture_output=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"Emma") and len(done.stdout) == 4 + 60 + 1
+    assert b"ms per token" in done.stderr
+    again = subprocess.run([sys.executable, "-m", "flexformer", "generate", "--checkpoint", str(run), "--prompt",
+                            "Emma", "--tokens", "60", "--top-k", "8", "--seed", "3"], capture_output=True, env=env)
+    assert again.stdout == done.stdout   # same seed, same text
+    # a classifier checkpoint is refused with the reason
+    cls = tmp_path / "cls"
+    subprocess.run([sys.executable, "-m", "flexformer", "train", "--steps", "2", "--seq-len", "32", "--dim", "16",
+                    "--heads", "2", "--depth", "1", "--eval-batches", "1", "--quiet", "--out", str(cls)],
+                   check=True, capture_output=True, env=env)
+    bad = subprocess.run([sys.executable, "-m", "flexformer", "generate", "--checkpoint", str(cls), "--prompt",
+                          "x"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "needs a text-lm checkpoint" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "flexformer", "generate", "--checkpoint",
+                              str(tmp_path / "none"), "--prompt", "x"], capture_output=True, text=True, env=env)
+    assert missing.returncode == 2 and "no checkpoint" in missing.stderr
