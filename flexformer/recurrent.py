@@ -34,6 +34,9 @@ import numpy as np
 from . import attention as lin
 from . import softmax as sm
 from ._checks import check_real
+from .features import PARAM_NAMES as _PARAM_NAMES
+from .features import features as _features
+from .features import num_features as _num_features
 
 Params = Dict[str, np.ndarray]
 
@@ -175,85 +178,35 @@ def _float_dtype(name: str, dtype) -> np.dtype:
     return dt
 
 
-# ----------------------------------------------------------------- feature maps
-# Each returns (f, s) for x (B, H, T, d) in x's dtype: phi(x) = exp(s) f with |f| <= 1,
-# the same split the C feature maps use (csrc/featmap_*.inc), so the guard matches.
-
-def _proj(x: np.ndarray, W: np.ndarray) -> np.ndarray:
-    return np.einsum("bhtd,hmd->bhtm", x, W.astype(x.dtype, copy=False))
-
-
-def _flex_s_features(x, p):
-    omega = p["omega"]
-    u = _proj(x, omega)
-    f = np.concatenate([np.cos(u), np.sin(u)], axis=-1) * x.dtype.type(1.0 / np.sqrt(omega.shape[1]))
-    s = (x * x).sum(-1) * x.dtype.type(1.0 / (2.0 * np.sqrt(x.shape[-1])))
-    return f, s
-
-
-def _flex_n_features(x, p):
-    a, b = _proj(x, p["omega1"]), _proj(x, p["omega2"])
-    scale = x.dtype.type(1.0 / np.sqrt(4.0 * p["omega1"].shape[1]))
-    f = np.concatenate([np.cos(a) + np.cos(b), np.sin(a) + np.sin(b)], axis=-1) * scale
-    coef = np.exp(-np.asarray(p["tau"], dtype=x.dtype))[None, :, None]
-    return f, (x * x).sum(-1) * coef
-
-
-def _performer_features(x, p):
-    xs = x * x.dtype.type(x.shape[-1] ** -0.25)
-    u = _proj(xs, p["omega"])
-    c = u.max(-1)
-    f = np.exp(u - c[..., None]) * x.dtype.type(1.0 / np.sqrt(p["omega"].shape[1]))
-    return f, c - x.dtype.type(0.5) * (xs * xs).sum(-1)
-
-
-def _hedgehog_features(x, p):
-    u = np.einsum("bhtd,hdm->bhtm", x, p["W"].astype(x.dtype, copy=False))
-    z = np.concatenate([u, -u], axis=-1)
-    z = np.exp(z - z.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True), np.zeros(x.shape[:-1], x.dtype)
-
-
-def _normalised(phi):
-    norm = np.sqrt((phi * phi).sum(-1))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f = np.where(norm[..., None] > 0, phi / np.where(norm > 0, norm, 1)[..., None], 0).astype(phi.dtype)
-        s = np.where(norm > 0, np.log(np.where(norm > 0, norm, 1)), -np.inf).astype(phi.dtype)
-    return f, s
-
-
-def _linear_features(x, p):
-    return _normalised(x)
-
-
-def _elu_features(x, p):
-    return _normalised(np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype))
-
-
-_FEATURES = {
-    "flex_s": _flex_s_features, "rfa": _flex_s_features, "flex_n": _flex_n_features,
-    "performer": _performer_features, "hedgehog": _hedgehog_features, "linear": _linear_features,
-    "elu": _elu_features,
-}
-
-_PARAM_NAMES = {"flex_s": ("omega",), "rfa": ("omega",), "flex_n": ("omega1", "omega2", "tau"),
-                "performer": ("omega",), "hedgehog": ("W",), "linear": (), "elu": (), "softmax": ()}
-
-
-def _num_features(kind: str, params: Params, d: int) -> int:
-    if kind in ("flex_s", "rfa", "hedgehog"):
-        return 2 * (params["omega"].shape[1] if kind != "hedgehog" else params["W"].shape[2])
-    if kind == "flex_n":
-        return 2 * params["omega1"].shape[1]
-    if kind == "performer":
-        return params["omega"].shape[1]
-    return d  # linear (the features are the inputs) and elu
-
-
 def _shift_exp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """exp(a - b) for b >= a, with exp(-inf - anything) = 0 (no NaN from -inf - -inf)."""
     with np.errstate(invalid="ignore", over="ignore"):
         return np.where(np.isneginf(a), 0, np.exp(a - b)).astype(a.dtype, copy=False)
+
+
+def _advance_one(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
+    """_advance for a single token (T = 1): the key joins the state first, then the query
+    reads it; no (T, T) block. Same shapes as _advance."""
+    sk = sk[..., 0]
+    Mn = np.maximum(state.M, sk)
+    keep = _shift_exp(state.M, Mn)
+    wk = _shift_exp(sk, Mn)
+    wf = fk[:, :, 0, :, None] * wk[..., None, None]                 # (B,H,F,1)
+    S = state.S
+    S *= keep[..., None, None]
+    S += wf * v[:, :, 0, None, :]
+    state.z *= keep[..., None]
+    state.z += wf[..., 0]
+    state.R = keep * state.R + wk
+    state.M = Mn
+    state.tokens += 1
+    num = np.matmul(fq, S)                                          # (B,H,1,e)
+    den = np.matmul(fq, state.z[..., None])[..., 0]                 # (B,H,1)
+    R = state.R[..., None]
+    bound = fq.dtype.type(eps) * R
+    g = np.where(den < bound, bound, den)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((R > 0)[..., None], num / np.where(R > 0, g, 1)[..., None], 0).astype(fq.dtype, copy=False)
 
 
 def _advance(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
@@ -417,7 +370,7 @@ class RecurrentAttention:
             return out, state
         for lo in range(0, T, _PREFILL_BLOCK):
             hi = min(T, lo + _PREFILL_BLOCK)
-            fk, sk = _FEATURES[self.kind](k[:, :, lo:hi], self.params)
+            fk, sk = _features(self.kind, k[:, :, lo:hi], self.params)
             if key_mask is not None:
                 sk = np.where(key_mask[:, None, lo:hi], sk, -np.inf).astype(sk.dtype)
             Mn = np.maximum(state.M, sk.max(-1))
@@ -441,11 +394,12 @@ class RecurrentAttention:
         outs = []
         for lo in range(0, q.shape[2], _CHUNK):
             hi = min(q.shape[2], lo + _CHUNK)
-            fq, _ = _FEATURES[self.kind](q[:, :, lo:hi], self.params)
-            fk, sk = _FEATURES[self.kind](k[:, :, lo:hi], self.params)
+            fq, _ = _features(self.kind, q[:, :, lo:hi], self.params)
+            fk, sk = _features(self.kind, k[:, :, lo:hi], self.params)
             if key_mask is not None:
                 sk = np.where(key_mask[:, None, lo:hi], sk, -np.inf).astype(sk.dtype)
-            outs.append(_advance(state, fq, fk, sk, v[:, :, lo:hi], self.eps))
+            advance = _advance_one if hi - lo == 1 else _advance
+            outs.append(advance(state, fq, fk, sk, v[:, :, lo:hi], self.eps))
         return outs[0] if len(outs) == 1 else np.concatenate(outs, axis=2)
 
     def _softmax_step(self, state: KVCacheState, q, k, v, key_mask) -> np.ndarray:

@@ -1,0 +1,91 @@
+"""Recurrent decoding: time per generated token and state memory against context length.
+
+    python benchmarks/decode.py            # contexts 256 .. 65536 (about a minute)
+    python benchmarks/decode.py --quick    # a seconds-long smoke run (CI)
+
+One attention layer, B=1, H=8, d=e=64, m=64, float32, 2 threads. For each context
+length t the state after t tokens is built (a parallel causal prefill for the linear
+kinds; for softmax the key-value cache is filled directly, since a quadratic prefill
+at 65536 would take minutes and is not what is being measured), then --steps single
+tokens are stepped and the median time per token is reported, with the state's size.
+The linear kinds keep a fixed (2m x e) state, so their cost per token is flat; softmax
+attends over its whole cache, so its cost and memory grow with t. Writes JSON to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import flexformer as ff  # noqa: E402
+from flexformer.recurrent import KVCacheState, RecurrentAttention  # noqa: E402
+
+B, H, D, M = 1, 8, 64, 64
+
+
+def build_state(kind: str, rec: RecurrentAttention, context: int, rng: np.random.Generator):
+    q, k, v = (rng.standard_normal((B, H, context, D), dtype=np.float32) * np.float32(0.5) for _ in range(3))
+    if kind == "softmax":
+        state = KVCacheState.empty(B, H, D, D, np.float32, capacity=context + 1024)
+        state.append(k, v, np.ones((B, context), bool))
+        return state
+    return rec.prefill(q, k, v)[1]
+
+
+def time_steps(rec: RecurrentAttention, state, steps: int, rng: np.random.Generator) -> float:
+    tokens = [tuple(rng.standard_normal((B, H, 1, D), dtype=np.float32) * np.float32(0.5) for _ in range(3))
+              for _ in range(steps + 3)]
+    for q, k, v in tokens[:3]:  # warm-up
+        rec.step(state, q, k, v)
+    times = []
+    for q, k, v in tokens[3:]:
+        t0 = time.perf_counter()
+        rec.step(state, q, k, v)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="contexts 256 and 1024 only, few steps")
+    p.add_argument("--steps", type=int, default=50, help="timed tokens per context (default 50)")
+    p.add_argument("--kinds", default="flex_n,flex_s,performer,hedgehog,softmax")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = p.parse_args(argv)
+    ff.set_num_threads(2)
+    contexts = [256, 1024] if args.quick else [256, 1024, 4096, 16384, 65536]
+    steps = 5 if args.quick else args.steps
+    rng = np.random.default_rng(0)
+    rows = []
+    print(f"time per generated token (ms) and state memory per layer, B={B} H={H} d=e={D} m={M} float32")
+    print(f"{'kind':10s} {'context':>8s} {'ms/token':>9s} {'state':>10s}")
+    for kind in args.kinds.split(","):
+        params = ff.get_attention(kind).init(H, D, num_features=M, rng=0, dtype=np.float32)
+        rec = RecurrentAttention(kind, params)
+        for t in contexts:
+            state = build_state(kind, rec, t, rng)
+            sec = time_steps(rec, state, steps, rng)
+            row = {"kind": kind, "context": t, "ms_per_token": sec * 1e3, "state_bytes": int(state.nbytes)}
+            rows.append(row)
+            print(f"{kind:10s} {t:8d} {sec * 1e3:9.3f} {state.nbytes / 2**20:8.2f} MiB", flush=True)
+            del state
+    for kind in args.kinds.split(","):
+        mine = [r for r in rows if r["kind"] == kind]
+        print(f"{kind}: time({mine[-1]['context']}) / time({mine[0]['context']}) = "
+              f"{mine[-1]['ms_per_token'] / mine[0]['ms_per_token']:.2f}")
+    os.makedirs(args.out, exist_ok=True)
+    name = "decode-quick.json" if args.quick else "decode.json"
+    with open(os.path.join(args.out, name), "w") as fh:
+        json.dump({"machine": os.uname().machine, "threads": ff.get_num_threads(), "rows": rows}, fh, indent=1)
+    print(f"wrote {os.path.join(args.out, name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
