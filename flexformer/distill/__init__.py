@@ -1,0 +1,295 @@
+"""Attention-weight distillation: fit a kernel so its attention rows match softmax's.
+
+For queries q_i and keys k_j of one head, the teacher row is
+a_ij = exp(q_i.k_j / sqrt d) / sum_j' exp(q_i.k_j' / sqrt d) and the student row is
+b_ij = k(q_i, k_j) / sum_j' k(q_i, k_j') for the kernel k(x, y) = phi(x).phi(y) being
+trained. The loss is the cross-entropy -(1/N) sum_i sum_j a_ij log b_ij, averaged over the
+rows of every sequence and over heads (Zhang et al. 2024, Hedgehog, train kernels this
+way; the Flexformer paper distils its kernels with the same loss).
+
+Quadratic form: sequences up to a few hundred tokens. With phi(x) = exp(s(x)) f(x)
+(:mod:`flexformer.features`), k(q_i, k_j) = exp(s(q_i) + s(k_j)) f(q_i).f(k_j); the query
+factor cancels in b, so log b_ij = l_ij - logsumexp_j l_ij with
+l_ij = s(k_j) + log max(f(q_i).f(k_j), floor). Trig features can make f(q_i).f(k_j) zero
+or negative, where log b would not exist; the floor (default 1e-6, relative to the bound
+|f(q_i).f(k_j)| <= 1) keeps every b_ij > 0, so the loss is finite for any parameters, and
+the gradient of a floored entry flows through s only. Positive feature maps (Performer,
+Hedgehog) never reach the floor in practice.
+
+Public: :func:`distill_loss` (loss, per-head losses and analytic gradients),
+:func:`attention_rows` (student rows b), :func:`teacher_rows` (softmax rows a),
+:func:`fit_kernels` (Adam, progress, early stop on a held-out split) and :class:`FitResult`.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..features import LEARNABLE, PARAM_NAMES, feature_backward, features
+
+Params = Dict[str, np.ndarray]
+DISTILL_KINDS = ("flex_n", "flex_s", "hedgehog", "performer", "rfa")
+DEFAULT_FLOOR = 1e-6
+
+
+def _check(kind: str, q, k, key_mask, params):
+    if kind not in DISTILL_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(DISTILL_KINDS)}, got {kind!r}")
+    q, k = np.asarray(q), np.asarray(k)
+    for name, x in (("q", q), ("k", k)):
+        if x.dtype not in (np.float32, np.float64):
+            raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be 4-d (S, H, N, d): sequences, heads, tokens, head size; got {x.shape}")
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q and k must have one shape and dtype, got {q.shape} {q.dtype} and {k.shape} {k.dtype}")
+    S, H, N, d = q.shape
+    if key_mask is None:
+        key_mask = np.ones((S, N), bool)
+    key_mask = np.asarray(key_mask)
+    if key_mask.dtype != np.bool_ or key_mask.shape != (S, N):
+        raise ValueError(f"key_mask must be a bool array (S, N) = {(S, N)}, got {key_mask.dtype} {key_mask.shape}")
+    missing = [n for n in PARAM_NAMES[kind] if n not in params]
+    if missing:
+        raise ValueError(f"params for {kind} need {', '.join(PARAM_NAMES[kind])}; missing {', '.join(missing)}")
+    params = {n: np.asarray(params[n], dtype=q.dtype) for n in PARAM_NAMES[kind]}
+    for n, x in params.items():
+        if x.shape[:1] != (H,) or (n != "tau" and (x.ndim != 3 or d not in (x.shape[1:] if n == "W" else x.shape[2:]))):
+            raise ValueError(f"{n} has shape {x.shape}, which does not fit H = {H}, d = {d}")
+        if not np.isfinite(x).all():
+            raise ValueError(f"{n} must be finite")
+    return q, k, key_mask, params
+
+
+def teacher_rows(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = None,
+                 scale: Optional[float] = None) -> np.ndarray:
+    """Softmax attention rows a (S, H, N, N) = softmax_j(q_i.k_j * scale) over unmasked keys
+    (scale 1/sqrt(d) by default); rows of masked queries are kept (they are not used)."""
+    q, k = np.asarray(q), np.asarray(k)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    logits = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+    if key_mask is not None:
+        logits = np.where(np.asarray(key_mask)[:, None, None, :], logits, -np.inf)
+    top = logits.max(-1, keepdims=True)
+    a = np.exp(logits - np.where(np.isfinite(top), top, 0))
+    den = a.sum(-1, keepdims=True)
+    return a / np.where(den > 0, den, 1)  # a sequence with no real token: zero rows
+
+
+def _student_logits(kind, q, k, key_mask, params, floor):
+    fq, _ = features(kind, q, params)
+    fk, sk = features(kind, k, params)
+    dot = np.matmul(fq, np.swapaxes(fk, -1, -2))                       # (S,H,N,N)
+    clipped = np.maximum(dot, q.dtype.type(floor))
+    ell = sk[..., None, :] + np.log(clipped)
+    ell = np.where(key_mask[:, None, None, :], ell, -np.inf)
+    top = ell.max(-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0)
+    total = np.exp(ell - top).sum(-1, keepdims=True)
+    lse = top + np.log(np.where(total > 0, total, 1))
+    return fq, fk, dot, clipped, ell - lse
+
+
+def attention_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Params,
+                   key_mask: Optional[np.ndarray] = None, floor: float = DEFAULT_FLOOR) -> np.ndarray:
+    """The student's attention rows b (S, H, N, N) for the kernel of ``kind``."""
+    q, k, key_mask, params = _check(kind, q, k, key_mask, params)
+    return np.exp(_student_logits(kind, q, k, key_mask, params, floor)[-1])
+
+
+def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_mask: Optional[np.ndarray] = None,
+                 *, teacher: Optional[np.ndarray] = None, floor: float = DEFAULT_FLOOR,
+                 grad: bool = True) -> Tuple[float, np.ndarray, Params]:
+    """Distillation cross-entropy of a kernel against softmax attention, with gradients.
+
+    Parameters
+    ----------
+    kind : {"flex_n", "flex_s", "hedgehog", "performer", "rfa"}
+    q, k : ndarray
+        Teacher queries and keys (S, H, N, d), float32 or float64 (S sequences).
+    params : dict
+        The kind's parameters (H leading), as from ``get_attention(kind).init``.
+    key_mask : ndarray of bool, optional
+        (S, N), True for real tokens; padded positions are neither keys nor counted rows.
+    teacher : ndarray, optional
+        Precomputed :func:`teacher_rows` (S, H, N, N); computed when omitted.
+    floor : float
+        Lower bound on f(q).f(k) inside the log (module docstring).
+    grad : bool
+        Also return the gradients.
+
+    Returns
+    -------
+    loss : float
+        Mean over heads of each head's mean row cross-entropy.
+    per_head : ndarray (H,)
+        Each head's mean row cross-entropy.
+    grads : dict
+        d loss / d parameter for ``LEARNABLE[kind]`` (empty for performer, rfa, or
+        when ``grad`` is False), in the input dtype.
+    """
+    q, k, key_mask, params = _check(kind, q, k, key_mask, params)
+    S, H, N, _ = q.shape
+    a = teacher_rows(q, k, key_mask) if teacher is None else np.asarray(teacher, dtype=q.dtype)
+    if a.shape != (S, H, N, N):
+        raise ValueError(f"teacher must have shape (S, H, N, N) = {(S, H, N, N)}, got {a.shape}")
+    fq, fk, dot, clipped, logb = _student_logits(kind, q, k, key_mask, params, floor)
+    rows = key_mask[:, None, :]                                           # (S,1,N) rows that count
+    nrows = max(int(key_mask.sum()), 1)
+    ce = -(a * np.where(key_mask[:, None, None, :], logb, 0)).sum(-1)     # (S,H,N)
+    per_head = np.where(rows, ce, 0).sum(axis=(0, 2)) / nrows
+    loss = float(per_head.mean())
+    grads: Params = {}
+    if grad and kind in LEARNABLE:
+        b = np.exp(logb)
+        G = np.where(rows[..., None] & key_mask[:, None, None, :], b - a, 0) / q.dtype.type(nrows * H)
+        Gdot = np.where(dot > floor, G / clipped, 0).astype(q.dtype)      # through log max(dot, floor)
+        dfq = np.matmul(Gdot, fk)
+        dfk = np.matmul(np.swapaxes(Gdot, -1, -2), fq)
+        dsk = G.sum(-2).astype(q.dtype)
+        gq = feature_backward(kind, q, params, dfq, np.zeros(q.shape[:-1], q.dtype))
+        gk = feature_backward(kind, k, params, dfk, dsk)
+        grads = {n: (gq[n] + gk[n]).astype(q.dtype) for n in LEARNABLE[kind]}
+    return loss, per_head, grads
+
+
+def teacher_entropy(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """Mean row entropy of the softmax rows per head (H,): cross-entropy minus this is the
+    KL divergence KL(a || b)."""
+    q = np.asarray(q)
+    S, H, N, _ = q.shape
+    key_mask = np.ones((S, N), bool) if key_mask is None else np.asarray(key_mask)
+    a = teacher_rows(q, k, key_mask)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(a > 0, a * np.log(a), 0).sum(-1)
+    return np.where(key_mask[:, None, :], ent, 0).sum(axis=(0, 2)) / max(int(key_mask.sum()), 1)
+
+
+# --------------------------------------------------------------------- fitting
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit_kernels` returns.
+
+    params: the best parameters per head (by held-out loss); val_loss / train_loss: the
+    history (one entry per evaluation, each (H,)); best_val: (H,) held-out cross-entropy
+    of the returned parameters; steps: steps taken; stopped_early: whether patience ran out.
+    """
+
+    params: Params
+    best_val: np.ndarray
+    steps: int
+    stopped_early: bool
+    val_loss: List[np.ndarray] = field(default_factory=list)
+    train_loss: List[np.ndarray] = field(default_factory=list)
+
+
+def _batch_loss(kind, data, idx, params, floor, grad=True):
+    q, k, mask = data
+    return distill_loss(kind, q[idx], k[idx], params, mask[idx], floor=floor, grad=grad)
+
+
+def evaluate(kind: str, q, k, key_mask, params: Params, *, batch_size: int = 64,
+             floor: float = DEFAULT_FLOOR) -> np.ndarray:
+    """Held-out cross-entropy per head (H,), row-weighted over all sequences."""
+    q = np.asarray(q)
+    key_mask = np.ones(q.shape[:1] + q.shape[2:3], bool) if key_mask is None else np.asarray(key_mask)
+    total = np.zeros(q.shape[1])
+    rows = 0
+    for lo in range(0, len(q), batch_size):
+        sl = slice(lo, lo + batch_size)
+        n = int(key_mask[sl].sum())
+        _, per_head, _ = distill_loss(kind, q[sl], k[sl], params, key_mask[sl], floor=floor, grad=False)
+        total += per_head * n
+        rows += n
+    return total / max(rows, 1)
+
+
+def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]],
+                val: Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]], params: Params, *,
+                steps: int = 500, lr: float = 1e-2, batch_size: int = 32, eval_every: int = 25,
+                patience: int = 4, min_delta: float = 1e-4, floor: float = DEFAULT_FLOOR, seed: int = 0, progress: bool = False,
+                log: Optional[Callable[[str], None]] = None) -> FitResult:
+    """Fit one kernel per head by distillation with Adam; keep each head's best parameters.
+
+    Parameters
+    ----------
+    kind : str
+        One of DISTILL_KINDS; performer and rfa have nothing to learn (their held-out
+        loss is returned after zero steps, the floor of the comparison).
+    train, val : (q, k, key_mask)
+        Teacher queries and keys (S, H, N, d) and masks (S, N) (None: all tokens real).
+    params : dict
+        Initial parameters (H leading), e.g. ``get_attention(kind).init(H, d)``; not modified.
+    steps, lr, batch_size : int, float, int
+        Adam steps (betas 0.9 / 0.999), learning rate, sequences per step.
+    eval_every, patience : int
+        Evaluate on ``val`` every ``eval_every`` steps; stop when no head has improved
+        by more than ``min_delta`` (relative) for ``patience`` evaluations in a row.
+    progress : bool
+        A one-line progress display on stderr.
+    """
+    if kind not in DISTILL_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(DISTILL_KINDS)}, got {kind!r}")
+    for name, val_ in (("steps", steps), ("batch_size", batch_size), ("eval_every", eval_every),
+                       ("patience", patience)):
+        if isinstance(val_, bool) or not isinstance(val_, (int, np.integer)) or val_ < (0 if name == "steps" else 1):
+            raise ValueError(f"{name} must be a positive int, got {val_!r}")
+    if not (np.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be finite and > 0, got {lr}")
+    tq, tk, tm = train
+    tq = np.asarray(tq)
+    tm = np.ones(tq.shape[:1] + tq.shape[2:3], bool) if tm is None else np.asarray(tm)
+    vq, vk, vm = val
+    params = {n: np.array(v, dtype=tq.dtype) for n, v in params.items()}
+    best = {n: v.copy() for n, v in params.items()}
+    best_val = evaluate(kind, vq, vk, vm, params, floor=floor)
+    result = FitResult(best, best_val.copy(), 0, False, [best_val.copy()], [])
+    learn = LEARNABLE.get(kind, ())
+    if not learn or steps == 0:
+        return result
+    rng = np.random.default_rng(seed)
+    m1 = {n: np.zeros_like(params[n]) for n in learn}
+    m2 = {n: np.zeros_like(params[n]) for n in learn}
+    stale, recent = 0, []
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        idx = rng.choice(len(tq), size=min(batch_size, len(tq)), replace=False)
+        loss, per_head, grads = _batch_loss(kind, (tq, tk, tm), idx, params, floor)
+        recent.append(per_head)
+        for n in learn:
+            g = grads[n]
+            m1[n] = 0.9 * m1[n] + 0.1 * g
+            m2[n] = 0.999 * m2[n] + 0.001 * g * g
+            update = (m1[n] / (1 - 0.9 ** step)) / (np.sqrt(m2[n] / (1 - 0.999 ** step)) + 1e-8)
+            params[n] = (params[n] - lr * update).astype(tq.dtype)
+        if step % eval_every == 0 or step == steps:
+            cur = evaluate(kind, vq, vk, vm, params, floor=floor)
+            best_before = best_val.copy()
+            result.val_loss.append(cur)
+            result.train_loss.append(np.mean(recent, axis=0))
+            recent = []
+            better = cur < best_val
+            for n in params:  # per head: keep the best
+                sel = better.reshape((-1,) + (1,) * (params[n].ndim - 1))
+                best[n] = np.where(sel, params[n], best[n])
+            best_val = np.where(better, cur, best_val)
+            stale = 0 if (cur < best_before * (1 - min_delta)).any() else stale + 1
+            msg = (f"{kind}: step {step}/{steps}  train {result.train_loss[-1].mean():.4f}  "
+                   f"held-out {cur.mean():.4f} (best {best_val.mean():.4f})  {time.perf_counter() - t0:.0f}s")
+            if progress:
+                print("\r" + msg, end="", file=sys.stderr, flush=True)
+            if log is not None:
+                log(msg)
+            if stale >= patience:
+                result.stopped_early = True
+                break
+    if progress:
+        print(file=sys.stderr)
+    result.params, result.best_val, result.steps = best, best_val, step
+    return result
