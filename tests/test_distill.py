@@ -1,5 +1,7 @@
 """Distillation: the loss against an independent loop, its gradients against finite
 differences, non-positive kernels, and fitting a known softmax teacher."""
+import os
+
 import numpy as np
 import pytest
 
@@ -183,3 +185,61 @@ def test_bad_inputs():
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=-1)
     with pytest.raises(ValueError, match="lr must be finite"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, lr=0.0)
+
+
+# ------------------------------------------------------------ the BERT teacher
+
+
+def test_numpy_bert_matches_transformers_on_a_tiny_random_model():
+    """The extractor's encoder against Hugging Face's BertModel (random weights, BERT
+    shape: 2 layers, 4 heads of 8); queries and keys against the model's own projections."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from flexformer.distill.bert import BertWeights, encode, kernel_attention_fn, sentence_embeddings
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=40)
+    model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    ids = np.random.default_rng(0).integers(0, 50, (3, 12))
+    mask = np.ones((3, 12), bool)
+    mask[1, 8:] = False
+    mask[2, 5:] = False
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)))
+        ref_hidden = ref.last_hidden_state.double().numpy()
+    W = BertWeights.from_torch(model)
+    hidden, cap = encode(W, ids, mask, capture=True)
+    assert len(cap) == 2 and cap[0][0].shape == (3, 4, 12, 8)
+    np.testing.assert_allclose(hidden[mask], ref_hidden[mask], atol=2e-5)
+    with torch.no_grad():  # layer 0's queries straight from the module
+        x0 = model.embeddings(input_ids=torch.tensor(ids)).double()
+        q0 = model.encoder.layer[0].attention.self.query.double()(x0).numpy()
+    np.testing.assert_allclose(cap[0][0].transpose(0, 2, 1, 3).reshape(3, 12, 32), q0, atol=1e-5)  # embeddings in float32
+    emb = sentence_embeddings(hidden, mask)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=-1), 1.0, rtol=1e-12)
+    # swapping in a kernel changes the output; a Hedgehog kernel gives finite embeddings
+    params = [ff.get_attention("hedgehog").init(4, 8, rng=i) for i in range(2)]
+    swapped = sentence_embeddings(encode(W, ids, mask, attention=kernel_attention_fn("hedgehog", params)), mask)
+    assert np.isfinite(swapped).all() and 0.0 < (swapped * emb).sum(-1).min() < 1.0
+
+
+def test_sentence_splitting_and_novel_splits(tmp_path):
+    from flexformer.distill.bert import read_sentences, split_sentences
+    from flexformer.distill.experiment import novel_splits
+
+    text = 'It was late.  "Come in!" said she. Mr. Knightley smiled;\nhe said nothing? Yes. End of it all here.'
+    assert split_sentences(text) == ["It was late.", '"Come in!" said she.', "Mr. Knightley smiled; he said nothing?",
+                                     "Yes.", "End of it all here."]
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (tmp_path / name).write_text("One two three four five six. Short one. " * 3)
+    splits = novel_splits(str(tmp_path))
+    assert [os.path.basename(f) for f in splits["train"]] == ["a.txt", "b.txt"]
+    assert [os.path.basename(f) for f in splits["val"] + splits["test"]] == ["c.txt", "d.txt"]
+    assert read_sentences(splits["test"]) == ["One two three four five six."] * 3
+    few = tmp_path / "few"
+    few.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (few / name).write_text("x")
+    with pytest.raises(ValueError, match="at least three"):
+        novel_splits(str(few))
