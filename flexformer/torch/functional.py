@@ -1,0 +1,222 @@
+"""Attention for torch tensors: the C kernels on CPU float32/float64, plain PyTorch elsewhere.
+
+``attention(kind, q, k, v, params, causal=..., key_mask=...)`` runs any kind of
+:func:`flexformer.attention_kinds`. Backends:
+
+* ``"c"``: a ``torch.autograd.Function`` around the package's forward and backward
+  kernels. CPU tensors share memory with the NumPy arrays handed to C (no copy when
+  contiguous); gradients flow to q, k, v and the learnable kernel parameters.
+* ``"torch"``: the identical math in PyTorch operations (the same phi = exp(s) f split,
+  stabilisation by the running maximum, denominator guard and chunked causal form as
+  ``csrc/linattn_core.inc``), on any device and dtype, differentiated by autograd.
+* ``"auto"`` (default): ``"c"`` when every tensor is on the CPU in float32 or float64,
+  else ``"torch"``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .. import attention as _lin
+from ..registry import get_attention
+
+EPS = _lin.DEFAULT_EPS
+CHUNK = 64
+Tensor = torch.Tensor
+
+
+# ------------------------------------------------------------------ the C path
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+class _KernelFunction(torch.autograd.Function):
+    """Forward and backward through the registry's C kernels; params after q, k, v."""
+
+    @staticmethod
+    def forward(ctx, kind_name: str, names: Sequence[str], causal: bool, key_mask: Optional[np.ndarray],
+                q: Tensor, k: Tensor, v: Tensor, *params: Tensor) -> Tensor:
+        kind = get_attention(kind_name)
+        pvals = {n: _np(p) for n, p in zip(names, params)}
+        out = kind.forward(_np(q), _np(k), _np(v), pvals, causal=causal, key_mask=key_mask)
+        ctx.save_for_backward(q, k, v, *params)
+        ctx.kind, ctx.names, ctx.causal, ctx.key_mask = kind, names, causal, key_mask
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        q, k, v, *params = ctx.saved_tensors
+        pvals = {n: _np(p) for n, p in zip(ctx.names, params)}
+        dq, dk, dv, dparams = ctx.kind.backward(np.ascontiguousarray(_np(dout)), _np(q), _np(k), _np(v), pvals,
+                                                causal=ctx.causal, key_mask=ctx.key_mask)
+        grads = [torch.from_numpy(dparams[n]) if n in dparams and p.requires_grad else None
+                 for n, p in zip(ctx.names, params)]
+        return (None, None, None, None, torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), *grads)
+
+
+# -------------------------------------------------------------- the torch path
+
+def _features(kind: str, x: Tensor, p: Dict[str, Tensor]):
+    """(f, s) with phi(x) = exp(s) f, |f| <= 1, as csrc/featmap_*.inc."""
+    d = x.shape[-1]
+    if kind in ("flex_s", "rfa"):
+        u = torch.einsum("bhnd,hmd->bhnm", x, p["omega"])
+        f = torch.cat([u.cos(), u.sin()], -1) / math.sqrt(p["omega"].shape[1])
+        return f, (x * x).sum(-1) / (2.0 * math.sqrt(d))
+    if kind == "flex_n":
+        a = torch.einsum("bhnd,hmd->bhnm", x, p["omega1"])
+        b = torch.einsum("bhnd,hmd->bhnm", x, p["omega2"])
+        f = torch.cat([a.cos() + b.cos(), a.sin() + b.sin()], -1) / math.sqrt(4.0 * p["omega1"].shape[1])
+        return f, (x * x).sum(-1) * torch.exp(-p["tau"])[None, :, None]
+    if kind == "performer":
+        xs = x * d ** -0.25
+        u = torch.einsum("bhnd,hmd->bhnm", xs, p["omega"])
+        c = u.amax(-1)
+        f = torch.exp(u - c.unsqueeze(-1)) / math.sqrt(p["omega"].shape[1])
+        return f, c - 0.5 * (xs * xs).sum(-1)
+    if kind == "hedgehog":
+        u = torch.einsum("bhnd,hdm->bhnm", x, p["W"])
+        return torch.softmax(torch.cat([u, -u], -1), -1), torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    if kind == "elu":
+        x = torch.nn.functional.elu(x) + 1
+    # generic core: phi = |phi| (phi / |phi|)
+    norm = torch.linalg.vector_norm(x, dim=-1)
+    safe = torch.where(norm > 0, norm, torch.ones_like(norm))
+    f = torch.where((norm > 0).unsqueeze(-1), x / safe.unsqueeze(-1), torch.zeros_like(x))
+    return f, torch.where(norm > 0, safe.log(), torch.full_like(norm, -math.inf))
+
+
+def _finite_or_zero(m: Tensor) -> Tensor:
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def _normalise(num: Tensor, den: Tensor, R: Tensor, eps: float) -> Tensor:
+    g = torch.where(den < eps * R, eps * R, den)
+    g = torch.where(R > 0, g, torch.ones_like(g))          # rows without keys: zeros, no NaN gradient
+    return torch.where((R > 0).unsqueeze(-1), num / g.unsqueeze(-1), torch.zeros_like(num))
+
+
+def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, eps: float = EPS,
+                chunk: int = CHUNK) -> Tensor:
+    """Normalised linear attention from split features; masked keys carry sk = -inf."""
+    if not causal:
+        M = _finite_or_zero(sk.amax(-1, keepdim=True)).detach()  # the shift cancels: no gradient
+        w = torch.exp(sk - M)
+        fkw = fk * w.unsqueeze(-1)
+        return _normalise(fq @ (fkw.transpose(-1, -2) @ v), (fq @ fkw.sum(-2).unsqueeze(-1)).squeeze(-1),
+                          w.sum(-1, keepdim=True).expand(fq.shape[:-1]), eps)
+    B, H, N, F = fq.shape
+    S = fq.new_zeros(B, H, F, v.shape[-1])
+    z = fq.new_zeros(B, H, F)
+    R = fq.new_zeros(B, H)
+    Mprev = torch.full((B, H), -math.inf, dtype=fq.dtype, device=fq.device)
+    outs = []
+    for c0 in range(0, N, chunk):
+        fqc, fkc, skc, vc = fq[:, :, c0:c0 + chunk], fk[:, :, c0:c0 + chunk], sk[:, :, c0:c0 + chunk], v[:, :, c0:c0 + chunk]
+        n = fqc.shape[2]
+        with torch.no_grad():                              # row maxima over the visible prefix
+            Mi = _finite_or_zero(torch.maximum(Mprev.unsqueeze(-1), torch.cummax(skc, -1).values))
+        alpha = torch.exp(Mprev.unsqueeze(-1) - Mi)        # the carried state's weight per row
+        tril = torch.ones(n, n, dtype=torch.bool, device=fq.device).tril()
+        E = torch.exp(skc.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill(~tril, 0.0)
+        A = (fqc @ fkc.transpose(-1, -2)) * E
+        num = A @ vc + alpha.unsqueeze(-1) * (fqc @ S)
+        den = A.sum(-1) + alpha * (fqc @ z.unsqueeze(-1)).squeeze(-1)
+        outs.append(_normalise(num, den, E.sum(-1) + alpha * R.unsqueeze(-1), eps))
+        Mn = Mi[..., -1]
+        keep = torch.exp(Mprev - Mn)
+        wf = fkc * torch.exp(skc - Mn.unsqueeze(-1)).unsqueeze(-1)
+        S = keep[..., None, None] * S + wf.transpose(-1, -2) @ vc
+        z = keep.unsqueeze(-1) * z + wf.sum(-2)
+        R = keep * R + torch.exp(skc - Mn.unsqueeze(-1)).sum(-1)
+        Mprev = Mn
+    return torch.cat(outs, 2)
+
+
+def _softmax(q, k, v, causal, key_mask, scale=None):
+    logits = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    visible = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device)
+    if causal:
+        visible = visible.tril()
+    visible = visible.expand(logits.shape)
+    if key_mask is not None:
+        visible = visible & key_mask[:, None, None, :]
+    logits = logits.masked_fill(~visible, -math.inf)
+    top = _finite_or_zero(logits.amax(-1, keepdim=True)).detach()
+    w = torch.exp(logits - top)
+    den = w.sum(-1, keepdim=True)
+    return (w @ v) / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def torch_attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Dict[str, Tensor], *, causal: bool = False,
+                    key_mask: Optional[Tensor] = None, eps: float = EPS) -> Tensor:
+    """The pure-PyTorch implementation of every kind (any device and dtype)."""
+    if kind == "softmax":
+        return _softmax(q, k, v, causal, key_mask)
+    if kind == "linformer":
+        if causal:
+            raise ValueError("linformer has no causal mode")
+        Nk = k.shape[2]
+        if key_mask is not None:
+            keep = key_mask[:, None, :, None].to(k.dtype)
+            k, v = k * keep, v * keep
+        E, F = params["E"][..., :Nk], params["F"][..., :Nk]
+        spec = "pn,bhnx->bhpx" if E.dim() == 2 else "hpn,bhnx->bhpx"
+        return _softmax(q, torch.einsum(spec, E, k), torch.einsum(spec, F, v), False, None)
+    fq, _ = _features(kind, q, params)
+    fk, sk = _features(kind, k, params)
+    if key_mask is not None:
+        sk = sk.masked_fill(~key_mask[:, None, :], -math.inf)
+    return linear_core(fq, fk, sk, v, causal=causal, eps=eps)
+
+
+# ------------------------------------------------------------------ dispatch
+
+def _c_ok(tensors: Sequence[Tensor]) -> bool:
+    dtype = tensors[0].dtype
+    return all(t.device.type == "cpu" and t.dtype == dtype and t.dtype in (torch.float32, torch.float64)
+               and t.layout == torch.strided for t in tensors)
+
+
+def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[str, Tensor]] = None, *,
+              causal: bool = False, key_mask: Optional[Tensor] = None, backend: str = "auto") -> Tensor:
+    """Attention of a registered kind on torch tensors, differentiable.
+
+    Parameters
+    ----------
+    kind : str
+        A name from ``flexformer.attention_kinds()``.
+    q, k, v : Tensor
+        (B, H, Nq, d), (B, H, Nk, d), (B, H, Nk, e).
+    params : dict of Tensor
+        The kind's parameters (``get_attention(kind).params``); gradients reach those
+        with ``requires_grad`` that the kind learns.
+    causal : bool
+    key_mask : bool Tensor (B, Nk), optional
+        True = attend.
+    backend : {"auto", "c", "torch"}
+        See the module docstring; "c" raises ValueError for tensors it cannot take.
+    """
+    spec = get_attention(kind)
+    params = {} if params is None else params
+    missing = [n for n in spec.params if n not in params]
+    if missing:
+        raise ValueError(f"params for {kind} need {', '.join(spec.params)}; missing {', '.join(missing)}")
+    if backend not in ("auto", "c", "torch"):
+        raise ValueError(f"backend must be 'auto', 'c' or 'torch', got {backend!r}")
+    if key_mask is not None and key_mask.dtype != torch.bool:
+        raise TypeError(f"key_mask must be a bool tensor, got {key_mask.dtype}")
+    names = list(spec.params)
+    tensors = [q, k, v] + [params[n] for n in names]
+    use_c = _c_ok(tensors) if backend == "auto" else backend == "c"
+    if backend == "c" and not _c_ok(tensors):
+        raise ValueError("backend 'c' needs CPU tensors that all share float32 or float64; got "
+                         + ", ".join(f"{t.dtype} on {t.device}" for t in tensors))
+    if not use_c:
+        return torch_attention(kind, q, k, v, {n: params[n] for n in names}, causal=causal, key_mask=key_mask)
+    mask_np = None if key_mask is None else key_mask.detach().cpu().numpy()
+    return _KernelFunction.apply(kind, tuple(names), bool(causal), mask_np, q, k, v, *(params[n] for n in names))

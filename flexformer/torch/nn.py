@@ -1,0 +1,259 @@
+"""torch.nn versions of :mod:`flexformer.nn`, parameter for parameter.
+
+Every module here has the NumPy model's parameter names, shapes and layout (``Linear.W``
+is (in, out) as in NumPy, not torch's (out, in)), so ``model.state_dict()`` keys are the
+NumPy model's ``parameters()`` names and checkpoints move both ways
+(:func:`from_numpy_checkpoint`, :func:`save_numpy_checkpoint`). Attention runs through
+:func:`flexformer.torch.attention` (C kernels on CPU, PyTorch elsewhere).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..registry import get_attention
+from .functional import attention
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class Linear(nn.Module):
+    """y = x W + b with W (in, out), like flexformer.nn.Linear."""
+
+    def __init__(self, d_in: int, d_out: int, *, bias: bool = True, dtype=torch.float32):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(d_in, d_out, dtype=dtype) / math.sqrt(d_in))
+        self.b = nn.Parameter(torch.zeros(d_out, dtype=dtype)) if bias else None
+
+    def forward(self, x):
+        y = x @ self.W
+        return y + self.b if self.b is not None else y
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5, dtype=torch.float32):
+        super().__init__()
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(dim, dtype=dtype))
+        self.beta = nn.Parameter(torch.zeros(dim, dtype=dtype))
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        xc = x - mu
+        return xc / torch.sqrt((xc * xc).mean(-1, keepdim=True) + self.eps) * self.gamma + self.beta
+
+
+class MLP(nn.Module):
+    """Linear -> GELU (tanh form, as the NumPy layer) -> Linear."""
+
+    def __init__(self, dim: int, hidden: int, dtype=torch.float32):
+        super().__init__()
+        self.fc1 = Linear(dim, hidden, dtype=dtype)
+        self.fc2 = Linear(hidden, dim, dtype=dtype)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2(0.5 * h * (1.0 + torch.tanh(_GELU_C * (h + 0.044715 * h ** 3))))
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, dim: int, dtype=torch.float32):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(vocab, dim, dtype=dtype) * 0.02)
+
+    def forward(self, ids):
+        return self.W[ids]
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self, max_len: int, dim: int, *, learned: bool = True, dtype=torch.float32):
+        super().__init__()
+        from ..nn.core import _sinusoidal
+
+        self.max_len, self.learned = max_len, learned
+        if learned:
+            self.P = nn.Parameter(torch.randn(max_len, dim, dtype=dtype) * 0.02)
+        else:
+            self.register_buffer("table", torch.from_numpy(_sinusoidal(np.arange(max_len), dim)).to(dtype),
+                                 persistent=False)
+
+    def forward(self, x):
+        N = x.shape[1]
+        if N > self.max_len:
+            raise ValueError(f"sequence length {N} exceeds the model's max_len {self.max_len}")
+        return x + (self.P[:N] if self.learned else self.table[:N])
+
+
+class KernelParams(nn.Module):
+    """The attention kind's own parameters (names as in the registry); the ones the kind
+    does not learn (rfa's and performer's omega) have requires_grad False."""
+
+    def __init__(self, kind: str, values: Dict[str, np.ndarray]):
+        super().__init__()
+        spec = get_attention(kind)
+        for name in spec.params:
+            setattr(self, name, nn.Parameter(torch.from_numpy(np.array(values[name])),
+                                             requires_grad=name in spec.learnable))
+
+    def values(self) -> Dict[str, torch.Tensor]:
+        return dict(self.named_parameters())
+
+
+class MultiHeadAttention(nn.Module):
+    """Q/K/V/output projections around one attention kind (Linformer: per-head E and F
+    only; its shared variants stay in the NumPy model)."""
+
+    def __init__(self, dim: int, num_heads: int, attention_kind: str, *, causal: bool = False, max_len: int = 512,
+                 num_features: Optional[int] = None, rng=0, dtype=torch.float32, backend: str = "auto"):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
+        for name in ("q", "k", "v", "o"):
+            setattr(self, name, Linear(dim, dim, dtype=dtype))
+        np_dtype = np.float64 if dtype == torch.float64 else np.float32
+        init = get_attention(attention_kind).init(num_heads, self.dh, num_features=num_features, max_len=max_len,
+                                                  rng=rng, dtype=np_dtype)
+        self.attn = KernelParams(attention_kind, init)
+
+    def _split(self, x):
+        B, N, _ = x.shape
+        return x.reshape(B, N, self.heads, self.dh).transpose(1, 2)
+
+    def forward(self, x, key_mask=None):
+        q, k, v = (self._split(layer(x)) for layer in (self.q, self.k, self.v))
+        out = attention(self.kind, q, k, v, self.attn.values(), causal=self.causal, key_mask=key_mask,
+                        backend=self.backend)
+        B, H, N, dh = out.shape
+        return self.o(out.transpose(1, 2).reshape(B, N, H * dh))
+
+
+class Block(nn.Module):
+    """Pre-LN residual block, as flexformer.nn.Block."""
+
+    def __init__(self, dim: int, num_heads: int, attention_kind: str, *, mlp_ratio: int = 4, dtype=torch.float32,
+                 **kw):
+        super().__init__()
+        self.ln1 = LayerNorm(dim, dtype=dtype)
+        self.attn = MultiHeadAttention(dim, num_heads, attention_kind, dtype=dtype, **kw)
+        self.ln2 = LayerNorm(dim, dtype=dtype)
+        self.mlp = MLP(dim, mlp_ratio * dim, dtype=dtype)
+
+    def forward(self, x, key_mask=None):
+        x = x + self.attn(self.ln1(x), key_mask)
+        return x + self.mlp(self.ln2(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, vocab, dim, depth, heads, max_len, attention_kind, *, causal, positional, mlp_ratio,
+                 num_features, dtype, backend):
+        super().__init__()
+        if positional not in ("learned", "sinusoidal"):
+            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
+        self.embed = Embedding(vocab, dim, dtype=dtype)
+        self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", dtype=dtype)
+        self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, dtype=dtype, causal=causal,
+                                           max_len=max_len, num_features=num_features, rng=i, backend=backend)
+                                     for i in range(depth)])
+        self.norm = LayerNorm(dim, dtype=dtype)
+
+    def forward(self, ids, key_mask=None):
+        x = self.pos(self.embed(ids))
+        for block in self.blocks:
+            x = block(x, key_mask)
+        return self.norm(x)
+
+
+class EncoderClassifier(nn.Module):
+    """flexformer.nn.EncoderClassifier in torch: mean over unmasked positions, linear head."""
+
+    def __init__(self, vocab: int, num_classes: int, *, dim: int = 64, depth: int = 2, heads: int = 4,
+                 max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
+                 num_features: Optional[int] = None, dtype=torch.float32, backend: str = "auto"):
+        super().__init__()
+        self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=False, positional=positional,
+                                 mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend)
+        self.head = Linear(dim, num_classes, dtype=dtype)
+
+    def forward(self, ids, mask=None):
+        h = self.backbone(ids, mask)
+        w = torch.ones(h.shape[:2], dtype=h.dtype, device=h.device) if mask is None else mask.to(h.dtype)
+        w = w / w.sum(1, keepdim=True).clamp(min=1)
+        return self.head((h * w.unsqueeze(-1)).sum(1))
+
+
+class CausalLM(nn.Module):
+    """flexformer.nn.CausalLM in torch: next-token logits (B, N, vocab)."""
+
+    def __init__(self, vocab: int, *, dim: int = 64, depth: int = 2, heads: int = 4, max_len: int = 512,
+                 attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
+                 num_features: Optional[int] = None, dtype=torch.float32, backend: str = "auto"):
+        super().__init__()
+        self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=True, positional=positional,
+                                 mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend)
+        self.head = Linear(dim, vocab, dtype=dtype)
+
+    def forward(self, ids, mask=None):
+        return self.head(self.backbone(ids, mask))
+
+
+# -------------------------------------------------------------- checkpoints
+
+def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, *, backend: str = "auto"):
+    """The torch twin of the model a :class:`flexformer.training.TrainConfig` describes."""
+    if cfg.linformer_sharing != "none":
+        raise ValueError("the torch models support Linformer with per-head projections only "
+                         f"(linformer_sharing 'none'), got {cfg.linformer_sharing!r}")
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
+                  positional=cfg.positional, num_features=cfg.num_features, dtype=dtype, backend=backend)
+    if cfg.task == "text-lm":
+        return CausalLM(vocab, **common)
+    return EncoderClassifier(vocab, num_classes, **common)
+
+
+def load_numpy_parameters(model: nn.Module, params: Dict[str, np.ndarray]) -> None:
+    """Copy NumPy parameters in by name; every parameter must be present with its shape."""
+    state = model.state_dict()
+    missing = [n for n in state if n not in params]
+    extra = [n for n in params if n not in state]
+    if missing or extra:
+        raise ValueError(f"parameter names differ: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for name, t in state.items():
+            src = np.asarray(params[name])
+            if tuple(src.shape) != tuple(t.shape):
+                raise ValueError(f"parameter {name!r} has shape {tuple(t.shape)}, got {src.shape}")
+            t.copy_(torch.from_numpy(np.array(src)))
+
+
+def numpy_parameters(model: nn.Module) -> Dict[str, np.ndarray]:
+    """The model's parameters as NumPy arrays under the NumPy model's names."""
+    return {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
+
+
+def from_numpy_checkpoint(path: str, *, backend: str = "auto"):
+    """(torch model, TrainConfig) from a run folder or checkpoint.npz of ``python -m flexformer train``."""
+    from ..training import load_model
+
+    np_model, cfg, _ = load_model(path)
+    params = np_model.parameters()
+    vocab = params["backbone.embed.W"].shape[0]
+    classes = params["head.W"].shape[1]
+    max_len = np_model.backbone.pos.max_len
+    model = model_for_config(cfg, vocab, None if cfg.task == "text-lm" else classes, max_len, backend=backend)
+    load_numpy_parameters(model, params)
+    return model, cfg
+
+
+def save_numpy_checkpoint(model: nn.Module, cfg, path: str, *, step: int = 0) -> None:
+    """Write the torch model as a NumPy checkpoint (no optimiser state) that
+    :func:`flexformer.training.load_model` and ``python -m flexformer generate`` read."""
+    from ..training import checkpoint
+
+    checkpoint.save(path, numpy_parameters(model), {}, {"step": int(step), "config": dataclasses.asdict(cfg)})

@@ -1,0 +1,181 @@
+"""The PyTorch bridge: gradcheck on the C path, C path against the pure-torch path,
+checkpoints between the NumPy and torch models, and data-parallel training."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flexformer as ff  # noqa: E402
+from flexformer.torch import attention, from_numpy_checkpoint, save_numpy_checkpoint  # noqa: E402
+from flexformer.torch.functional import _np  # noqa: E402
+from flexformer.training import TrainConfig, load_model, save_checkpoint  # noqa: E402
+from flexformer.training.loop import build_data, build_model, model_for_config  # noqa: E402
+
+KINDS = ff.attention_kinds()
+
+
+def _inputs(kind, dtype=torch.float64, B=2, H=2, N=9, d=4, seed=0, learn=True):
+    rng = np.random.default_rng(seed)
+    spec = ff.get_attention(kind)
+    p = spec.init(H, d, num_features=3, max_len=N, rng=seed, dtype=np.float64)
+    q, k, v = (torch.tensor(rng.standard_normal((B, H, N, d)) * 0.6, dtype=dtype, requires_grad=True) for _ in range(3))
+    params = {n: torch.tensor(x, dtype=dtype, requires_grad=learn and n in spec.learnable) for n, x in p.items()}
+    mask = torch.tensor(rng.random((B, N)) < 0.7)
+    mask[:, 0] = True
+    return spec, q, k, v, params, mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_c_path_float64(kind, causal):
+    spec, q, k, v, params, mask = _inputs(kind)
+    if causal and not spec.causal:
+        pytest.skip(f"{kind} has no causal mode")
+    names = [n for n in spec.params if n in spec.learnable]
+
+    def f(q, k, v, *learned):
+        p = dict(params)
+        p.update(zip(names, learned))
+        return attention(kind, q, k, v, p, causal=causal, key_mask=mask, backend="c")
+
+    assert torch.autograd.gradcheck(f, (q, k, v, *(params[n] for n in names)), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_c_path_matches_torch_path(kind, causal, dtype):
+    spec, q, k, v, params, mask = _inputs(kind, dtype=dtype, N=150)  # > one 64-row causal chunk
+    if causal and not spec.causal:
+        pytest.skip(f"{kind} has no causal mode")
+    outs, grads = [], []
+    dout = torch.randn(2, 2, 150, 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    leaves = [q, k, v] + [params[n] for n in spec.learnable]
+    for backend in ("c", "torch"):
+        out = attention(kind, q, k, v, params, causal=causal, key_mask=mask, backend=backend)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, leaves, dout))
+    tol = 1e-10 if dtype == torch.float64 else 2e-4
+    scale = outs[1].abs().max().item()
+    assert (outs[0] - outs[1]).abs().max().item() <= tol * max(scale, 1)
+    for a, b in zip(*grads):
+        assert (a - b).abs().max().item() <= tol * max(b.abs().max().item(), 1)
+
+
+def test_c_path_reads_tensors_without_copying_and_auto_dispatch():
+    spec, q, k, v, params, mask = _inputs("flex_n", dtype=torch.float32)
+    view = _np(q)
+    assert view.__array_interface__["data"][0] == q.data_ptr()   # a NumPy view of the same memory
+    # auto: CPU float32/64 -> C; anything else -> the torch path, which still works
+    out = attention("flex_n", q, k, v, params, key_mask=mask)
+    assert out.grad_fn.__class__.__name__.startswith("_KernelFunction")
+    half = {n: p.detach().to(torch.bfloat16) for n, p in params.items()}
+    low = attention("flex_n", q.detach().to(torch.bfloat16), k.detach().to(torch.bfloat16),
+                    v.detach().to(torch.bfloat16), half, key_mask=mask)
+    assert low.dtype == torch.bfloat16 and (low.float() - out.detach()).abs().max() < 0.1
+    if torch.cuda.is_available():  # pragma: no cover - no GPU on CI
+        gpu = attention("flex_n", q.cuda(), k.cuda(), v.cuda(), {n: p.cuda() for n, p in params.items()})
+        assert torch.allclose(gpu.cpu(), attention("flex_n", q, k, v, params), atol=1e-4)
+
+
+def test_bridge_errors():
+    spec, q, k, v, params, mask = _inputs("flex_n", dtype=torch.float32)
+    with pytest.raises(ValueError, match="backend 'c' needs CPU tensors"):
+        attention("flex_n", q.to(torch.bfloat16), k, v, params, backend="c")
+    with pytest.raises(ValueError, match="missing tau"):
+        attention("flex_n", q, k, v, {"omega1": params["omega1"], "omega2": params["omega2"]})
+    with pytest.raises(ValueError, match="backend must be"):
+        attention("flex_n", q, k, v, params, backend="gpu")
+    with pytest.raises(TypeError, match="key_mask must be a bool tensor"):
+        attention("flex_n", q, k, v, params, key_mask=mask.int())
+    with pytest.raises(ValueError, match="unknown attention kind"):
+        attention("nope", q, k, v, {})
+    with pytest.raises(ValueError, match="q"):  # shape errors come from the C glue, naming the argument
+        attention("flex_n", q[:, :1], k, v, params, backend="c")
+
+
+# ------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize("task,attention_kind", [("text-lm", "flex_n"), ("listops", "flex_s"),
+                                                 ("listops", "hedgehog"), ("text-lm", "softmax"),
+                                                 ("listops", "performer")])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_numpy_checkpoint_into_torch_and_back(tmp_path, task, attention_kind, dtype):
+    cfg = TrainConfig(task=task, attention=attention_kind, dim=16, depth=2, heads=2, seq_len=24, dtype=dtype,
+                      positional="sinusoidal" if task == "text-lm" else "learned", seed=3)
+    vocab, classes = (256, None) if task == "text-lm" else (20, 10)
+    np_model = model_for_config(cfg, vocab, classes, 24)
+    rng = np.random.default_rng(0)
+    # move every parameter away from its initial value so the mapping is really tested
+    params = {n: (v + 0.05 * rng.standard_normal(v.shape)).astype(v.dtype) for n, v in np_model.parameters().items()}
+    np_model.load_parameters(params)
+    save_checkpoint(str(tmp_path / "checkpoint.npz"), params, {}, {"step": 7, "config": cfg.__dict__})
+    model, cfg2 = from_numpy_checkpoint(str(tmp_path))
+    assert cfg2 == cfg
+    ids = rng.integers(0, vocab, (3, 24))
+    mask = np.ones((3, 24), bool)
+    mask[1, 15:] = False
+    tol = 1e-10 if dtype == "float64" else 2e-5
+    with torch.no_grad():
+        if task == "text-lm":
+            got, want = model(torch.from_numpy(ids)).numpy(), np_model.forward(ids)
+        else:
+            got = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+            want = np_model.forward(ids, mask)
+    assert np.abs(got - want).max() <= tol * max(np.abs(want).max(), 1)
+    # and back: a torch model written as a NumPy checkpoint loads in the NumPy package
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+    save_numpy_checkpoint(model, cfg, str(tmp_path / "back.npz"), step=9)
+    back, cfg3, meta = load_model(str(tmp_path / "back.npz"))
+    assert meta["step"] == 9 and cfg3 == cfg
+    with torch.no_grad():
+        again = model(torch.from_numpy(ids)).numpy() if task == "text-lm" else \
+            model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    out = back.forward(ids) if task == "text-lm" else back.forward(ids, mask)
+    assert np.abs(out - again).max() <= tol * max(np.abs(again).max(), 1)
+
+
+# ------------------------------------------------------------- data parallel
+
+
+def _run_train(args, out, nproc):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "flexformer.torch.train"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "flexformer.torch.train"]
+    done = subprocess.run(cmd + args + ["--out", str(out), "--quiet"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with np.load(os.path.join(out, "checkpoint.npz")) as z:
+        return {k: z[k] for k in z.files if k.startswith("param/")}
+
+
+@pytest.mark.parametrize("task", ["listops", "text-lm"])
+def test_two_process_ddp_matches_one_process(tmp_path, task):
+    args = ["--task", task, "--steps", "4", "--batch-size", "8", "--seq-len", "48", "--dim", "16", "--heads", "2",
+            "--dtype", "float64", "--eval-batches", "1", "--warmup", "1", "--lr", "3e-3"]
+    data = None
+    if task == "text-lm":
+        data = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "austen")
+        if not os.path.isdir(data):
+            pytest.skip("needs ../shared/data/austen")
+        args += ["--data-dir", data, "--attention", "flex_s"]
+    one = _run_train(args, tmp_path / "one", 1)
+    two = _run_train(args, tmp_path / "two", 2)
+    cfg = TrainConfig(task=task, dim=16, heads=2, seq_len=48, dtype="float64", batch_size=8,
+                      attention="flex_s" if task == "text-lm" else "flex_n", data_dir=data)
+    start = build_model(cfg, build_data(cfg)).parameters()
+    moved = max(np.abs(one["param/" + n] - v).max() for n, v in start.items())
+    assert moved > 1e-3   # training changed the parameters ...
+    for name, value in one.items():  # ... and two processes on half batches each did exactly the same
+        np.testing.assert_allclose(two[name], value, rtol=1e-9, atol=1e-11, err_msg=name)
+
