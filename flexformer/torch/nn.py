@@ -169,16 +169,23 @@ class Backbone(nn.Module):
         return self.norm(x)
 
 
-class EncoderClassifier(nn.Module):
-    """flexformer.nn.EncoderClassifier in torch: mean over unmasked positions, linear head."""
+class _Model(nn.Module):
+    """Backbone + linear head; keyword arguments as flexformer.nn's models."""
 
-    def __init__(self, vocab: int, num_classes: int, *, dim: int = 64, depth: int = 2, heads: int = 4,
+    def __init__(self, vocab: int, out_dim: int, causal: bool, *, dim: int = 64, depth: int = 2, heads: int = 4,
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
                  num_features: Optional[int] = None, dtype=torch.float32, backend: str = "auto"):
         super().__init__()
-        self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=False, positional=positional,
+        self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=causal, positional=positional,
                                  mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend)
-        self.head = Linear(dim, num_classes, dtype=dtype)
+        self.head = Linear(dim, out_dim, dtype=dtype)
+
+
+class EncoderClassifier(_Model):
+    """flexformer.nn.EncoderClassifier in torch: mean over unmasked positions, linear head."""
+
+    def __init__(self, vocab: int, num_classes: int, **kw):
+        super().__init__(vocab, num_classes, False, **kw)
 
     def forward(self, ids, mask=None):
         h = self.backbone(ids, mask)
@@ -187,16 +194,11 @@ class EncoderClassifier(nn.Module):
         return self.head((h * w.unsqueeze(-1)).sum(1))
 
 
-class CausalLM(nn.Module):
+class CausalLM(_Model):
     """flexformer.nn.CausalLM in torch: next-token logits (B, N, vocab)."""
 
-    def __init__(self, vocab: int, *, dim: int = 64, depth: int = 2, heads: int = 4, max_len: int = 512,
-                 attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
-                 num_features: Optional[int] = None, dtype=torch.float32, backend: str = "auto"):
-        super().__init__()
-        self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=True, positional=positional,
-                                 mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend)
-        self.head = Linear(dim, vocab, dtype=dtype)
+    def __init__(self, vocab: int, **kw):
+        super().__init__(vocab, vocab, True, **kw)
 
     def forward(self, ids, mask=None):
         return self.head(self.backbone(ids, mask))
