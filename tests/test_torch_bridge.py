@@ -82,6 +82,18 @@ def test_c_path_reads_tensors_without_copying_and_auto_dispatch():
         assert torch.allclose(gpu.cpu(), attention("flex_n", q, k, v, params), atol=1e-4)
 
 
+def test_double_backward_through_the_c_path_raises_and_the_torch_path_supports_it():
+    spec, q, k, v, params, mask = _inputs("flex_s")
+    out = attention("flex_s", q, k, v, params, backend="c")
+    (gq,) = torch.autograd.grad(out.sum(), [q], create_graph=True)
+    with pytest.raises(RuntimeError):
+        gq.sum().backward()
+    out = attention("flex_s", q, k, v, params, backend="torch")
+    (gq,) = torch.autograd.grad(out.sum(), [q], create_graph=True)
+    gq.pow(2).sum().backward()
+    assert torch.isfinite(params["omega"].grad).all()
+
+
 def test_bridge_errors():
     spec, q, k, v, params, mask = _inputs("flex_n", dtype=torch.float32)
     with pytest.raises(ValueError, match="backend 'c' needs CPU tensors"):

@@ -19,6 +19,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import attention as _lin
 from ..registry import get_attention
@@ -48,6 +49,7 @@ class _KernelFunction(torch.autograd.Function):
         return torch.from_numpy(out)
 
     @staticmethod
+    @once_differentiable  # the C backward is not itself differentiable: double backward raises
     def backward(ctx, dout: Tensor):
         q, k, v, *params = ctx.saved_tensors
         pvals = {n: _np(p) for n, p in zip(ctx.names, params)}
