@@ -97,7 +97,8 @@ def test_double_backward_through_the_c_path_raises_and_the_torch_path_supports_i
 def test_bridge_errors():
     spec, q, k, v, params, mask = _inputs("flex_n", dtype=torch.float32)
     with pytest.raises(ValueError, match="backend 'c' needs CPU tensors"):
-        attention("flex_n", q.to(torch.bfloat16), k, v, params, backend="c")
+        attention("flex_n", q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16),
+                  {n: p.to(torch.bfloat16) for n, p in params.items()}, backend="c")
     with pytest.raises(ValueError, match="missing tau"):
         attention("flex_n", q, k, v, {"omega1": params["omega1"], "omega2": params["omega2"]})
     with pytest.raises(ValueError, match="backend must be"):
@@ -108,6 +109,26 @@ def test_bridge_errors():
         attention("nope", q, k, v, {})
     with pytest.raises(ValueError, match="q"):  # shape errors come from the C glue, naming the argument
         attention("flex_n", q[:, :1], k, v, params, backend="c")
+    with pytest.raises(TypeError, match="share one dtype and device"):
+        attention("flex_n", q.double(), k, v, params)
+    with pytest.raises(TypeError, match="q must be a floating-point tensor"):
+        attention("flex_n", q.int(), k.int(), v.int(), params)
+    with pytest.raises(ValueError, match="v must be 4-d"):
+        attention("flex_n", q, k, v[0], params, backend="torch")
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        attention("flex_n", q, k.detach().numpy(), v, params)
+
+
+@pytest.mark.parametrize("backend", ["c", "torch"])
+def test_empty_sequences(backend):
+    spec, q, k, v, params, mask = _inputs("flex_n")
+    for nq, nk in ((0, 9), (9, 0), (0, 0)):
+        qq, kk, vv = q[:, :, :nq].detach().requires_grad_(), k[:, :, :nk].detach().requires_grad_(), \
+            v[:, :, :nk].detach().requires_grad_()
+        out = attention("flex_n", qq, kk, vv, params, backend=backend)
+        assert out.shape == (2, 2, nq, 4) and (out == 0).all()
+        out.sum().backward()   # no error; gradients are zero (None: torch's "zero")
+        assert qq.grad is None or (qq.grad == 0).all()
 
 
 # ------------------------------------------------------------- checkpoints

@@ -157,6 +157,11 @@ def _softmax(q, k, v, causal, key_mask, scale=None):
 def torch_attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Dict[str, Tensor], *, causal: bool = False,
                     key_mask: Optional[Tensor] = None, eps: float = EPS) -> Tensor:
     """The pure-PyTorch implementation of every kind (any device and dtype)."""
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        # no rows, or no keys: zero rows, as the C kernels give, kept on the autograd graph
+        # (the sums are over empty tensors, so exactly 0)
+        link = q.sum() * 0 if q.shape[2] == 0 else (k.sum() + v.sum()) * 0
+        return q.new_zeros(q.shape[:3] + (v.shape[-1],)) + link
     if kind == "softmax":
         return _softmax(q, k, v, causal, key_mask)
     if kind == "linformer":
@@ -214,6 +219,19 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
         raise TypeError(f"key_mask must be a bool tensor, got {key_mask.dtype}")
     names = list(spec.params)
     tensors = [q, k, v] + [params[n] for n in names]
+    labels = ["q", "k", "v"] + names
+    for label, t in zip(labels, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{label} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{label} must be a floating-point tensor, got {t.dtype}")
+    for label, t in zip(labels[:3], tensors[:3]):
+        if t.dim() != 4:
+            raise ValueError(f"{label} must be 4-d (B, H, N, {'e' if label == 'v' else 'd'}), got shape "
+                             f"{tuple(t.shape)}")
+    if len({t.dtype for t in tensors}) > 1 or len({t.device for t in tensors}) > 1:
+        raise TypeError("q, k, v and the parameters must share one dtype and device, got "
+                        + ", ".join(f"{lab} {t.dtype} on {t.device}" for lab, t in zip(labels, tensors)))
     use_c = _c_ok(tensors) if backend == "auto" else backend == "c"
     if backend == "c" and not _c_ok(tensors):
         raise ValueError("backend 'c' needs CPU tensors that all share float32 or float64; got "
