@@ -184,29 +184,38 @@ def _shift_exp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(np.isneginf(a), 0, np.exp(a - b)).astype(a.dtype, copy=False)
 
 
+def _absorb(state: LinearAttentionState, fk, sk, v) -> None:
+    """Add keys with features fk (B,H,T,F), log-scales sk (B,H,T) (-inf: masked) and values
+    v (B,H,T,e) to the state, in place, at the new running scale max(M, max sk)."""
+    Mn = np.maximum(state.M, sk.max(-1))
+    keep = _shift_exp(state.M, Mn)                 # old sums move to the new scale (<= 1)
+    wk = _shift_exp(sk, Mn[..., None])
+    wf = wk[..., None] * fk
+    state.S *= keep[..., None, None]
+    state.S += np.matmul(np.swapaxes(wf, -1, -2), v)
+    state.z *= keep[..., None]
+    state.z += wf.sum(2)
+    state.R = keep * state.R + wk.sum(-1)
+    state.M = Mn
+    state.tokens += fk.shape[2]
+
+
+def _normalise(num, den, R, eps) -> np.ndarray:
+    """num / max(den, eps R) per row, zero rows where no key is visible (R = 0)."""
+    bound = num.dtype.type(eps) * R
+    g = np.where(den < bound, bound, den)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where((R > 0)[..., None], num / np.where(R > 0, g, 1)[..., None], 0)
+    return out.astype(num.dtype, copy=False)
+
+
 def _advance_one(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
     """_advance for a single token (T = 1): the key joins the state first, then the query
     reads it; no (T, T) block. Same shapes as _advance."""
-    sk = sk[..., 0]
-    Mn = np.maximum(state.M, sk)
-    keep = _shift_exp(state.M, Mn)
-    wk = _shift_exp(sk, Mn)
-    wf = fk[:, :, 0, :, None] * wk[..., None, None]                 # (B,H,F,1)
-    S = state.S
-    S *= keep[..., None, None]
-    S += wf * v[:, :, 0, None, :]
-    state.z *= keep[..., None]
-    state.z += wf[..., 0]
-    state.R = keep * state.R + wk
-    state.M = Mn
-    state.tokens += 1
-    num = np.matmul(fq, S)                                          # (B,H,1,e)
+    _absorb(state, fk, sk, v)
+    num = np.matmul(fq, state.S)                                    # (B,H,1,e)
     den = np.matmul(fq, state.z[..., None])[..., 0]                 # (B,H,1)
-    R = state.R[..., None]
-    bound = fq.dtype.type(eps) * R
-    g = np.where(den < bound, bound, den)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where((R > 0)[..., None], num / np.where(R > 0, g, 1)[..., None], 0).astype(fq.dtype, copy=False)
+    return _normalise(num, den, state.R[..., None], eps)
 
 
 def _advance(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
@@ -222,20 +231,8 @@ def _advance(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
     A = W * np.matmul(fq, np.swapaxes(fk, -1, -2))
     num = np.matmul(A, v) + carry[..., None] * np.matmul(fq, state.S)
     den = A.sum(-1) + carry * np.matmul(fq, state.z[..., None])[..., 0]
-    R = W.sum(-1) + carry * state.R[..., None]
-    bound = fq.dtype.type(eps) * R
-    g = np.where(den < bound, bound, den)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where((R > 0)[..., None], num / np.where(R > 0, g, 1)[..., None], 0).astype(fq.dtype)
-    Mn = Mi[..., -1]
-    keep = _shift_exp(state.M, Mn)
-    wk = _shift_exp(sk, Mn[..., None])
-    wf = wk[..., None] * fk
-    state.S = keep[..., None, None] * state.S + np.matmul(np.swapaxes(wf, -1, -2), v)
-    state.z = keep[..., None] * state.z + wf.sum(2)
-    state.R = keep * state.R + wk.sum(-1)
-    state.M = Mn
-    state.tokens += T
+    out = _normalise(num, den, W.sum(-1) + carry * state.R[..., None], eps)
+    _absorb(state, fk, sk, v)
     return out
 
 
@@ -373,15 +370,7 @@ class RecurrentAttention:
             fk, sk = _features(self.kind, k[:, :, lo:hi], self.params)
             if key_mask is not None:
                 sk = np.where(key_mask[:, None, lo:hi], sk, -np.inf).astype(sk.dtype)
-            Mn = np.maximum(state.M, sk.max(-1))
-            keep = _shift_exp(state.M, Mn)
-            wk = _shift_exp(sk, Mn[..., None])
-            wf = wk[..., None] * fk
-            state.S = keep[..., None, None] * state.S + np.matmul(np.swapaxes(wf, -1, -2), v[:, :, lo:hi])
-            state.z = keep[..., None] * state.z + wf.sum(2)
-            state.R = keep * state.R + wk.sum(-1)
-            state.M = Mn
-        state.tokens = T
+            _absorb(state, fk, sk, v[:, :, lo:hi])
         return out, state
 
     def step(self, state: State, q: np.ndarray, k: np.ndarray, v: np.ndarray,
