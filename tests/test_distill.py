@@ -175,7 +175,7 @@ def test_bad_inputs():
         distill_loss("flex_n", q.astype(int), k, p)
     with pytest.raises(ValueError, match=r"key_mask must be a bool array \(S, N\)"):
         distill_loss("flex_n", q, k, p, mask[:, :3])
-    with pytest.raises(ValueError, match="does not fit H"):
+    with pytest.raises(ValueError, match=r"omega1 must have shape \(H, m, d\) with H = 2, d = 3"):
         distill_loss("flex_n", q[..., :3], k[..., :3], p)
     with pytest.raises(ValueError, match="must be finite"):
         distill_loss("flex_n", q, k, dict(p, tau=p["tau"] * np.nan))

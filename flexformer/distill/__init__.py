@@ -57,9 +57,15 @@ def _check(kind: str, q, k, key_mask, params):
     if missing:
         raise ValueError(f"params for {kind} need {', '.join(PARAM_NAMES[kind])}; missing {', '.join(missing)}")
     params = {n: np.asarray(params[n], dtype=q.dtype) for n in PARAM_NAMES[kind]}
+    layouts = {"tau": "(H,)", "W": "(H, d, m)"}
     for n, x in params.items():
-        if x.shape[:1] != (H,) or (n != "tau" and (x.ndim != 3 or d not in (x.shape[1:] if n == "W" else x.shape[2:]))):
-            raise ValueError(f"{n} has shape {x.shape}, which does not fit H = {H}, d = {d}")
+        if n == "tau":
+            fits = x.shape == (H,)
+        else:  # W is (H, d, m); the frequency arrays are (H, m, d)
+            fits = x.ndim == 3 and x.shape[0] == H and x.shape[1 if n == "W" else 2] == d
+        if not fits:
+            raise ValueError(f"{n} must have shape {layouts.get(n, '(H, m, d)')} with H = {H}, d = {d}; "
+                             f"got {x.shape}")
         if not np.isfinite(x).all():
             raise ValueError(f"{n} must be finite")
     return q, k, key_mask, params
