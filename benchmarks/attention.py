@@ -10,7 +10,9 @@ memory above its resident size before the first call (the kernel's VmHWM, reset 
 /proc/self/clear_refs after setup, so C allocations count and imports do not).
 Implementations:
 
-* ff_flex_n, ff_flex_s, ff_softmax, ff_performer, ff_linformer: this package's C kernels;
+* ff_flex_n, ff_flex_s, ff_softmax, ff_performer, ff_linformer: this package's C kernels
+  (bidirectional forward+backward of the linear kinds passes the forward's key state to the
+  backward, ``return_key_state`` / ``key_state``, as a training step does);
 * torch_flex_n, torch_flex_s: the same Flexformer math in PyTorch (benchmarks/torch_flex.py);
 * torch_sdpa: torch.nn.functional.scaled_dot_product_attention.
 
@@ -110,30 +112,38 @@ def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threa
         ff.set_num_threads(threads)
         if impl == "ff_flex_n":
             p = ff.init.flex_n_params(H, m, d, rng=1, dtype=np.float32)
-            fwd = lambda: ff.flex_n_attention(q, k, v, *p, causal=causal)
-            bwd = lambda: ff.flex_n_attention_backward(dout, q, k, v, *p, causal=causal)
+            run = lambda **kw: ff.flex_n_attention(q, k, v, *p, causal=causal, **kw)
+            grad = lambda **kw: ff.flex_n_attention_backward(dout, q, k, v, *p, causal=causal, **kw)
         elif impl == "ff_flex_s":
             p = (ff.init.flex_s_omega(H, m, d, rng=1, dtype=np.float32),)
-            fwd = lambda: ff.flex_s_attention(q, k, v, *p, causal=causal)
-            bwd = lambda: ff.flex_s_attention_backward(dout, q, k, v, *p, causal=causal)
+            run = lambda **kw: ff.flex_s_attention(q, k, v, *p, causal=causal, **kw)
+            grad = lambda **kw: ff.flex_s_attention_backward(dout, q, k, v, *p, causal=causal, **kw)
         elif impl == "ff_performer":
             p = (ff.init.performer_omega(H, m, d, rng=1, dtype=np.float32),)
-            fwd = lambda: ff.performer_attention(q, k, v, *p, causal=causal)
-            bwd = lambda: ff.performer_attention_backward(dout, q, k, v, *p, causal=causal)
+            run = lambda **kw: ff.performer_attention(q, k, v, *p, causal=causal, **kw)
+            grad = lambda **kw: ff.performer_attention_backward(dout, q, k, v, *p, causal=causal, **kw)
         elif impl == "ff_softmax":
-            fwd = lambda: ff.softmax_attention(q, k, v, causal=causal)
-            bwd = lambda: ff.softmax_attention_backward(dout, q, k, v, causal=causal)
+            run = lambda: ff.softmax_attention(q, k, v, causal=causal)
+            grad = lambda: ff.softmax_attention_backward(dout, q, k, v, causal=causal)
         elif impl == "ff_linformer":
             E = ff.init.linformer_projections(kp, N, H, rng=1, dtype=np.float32)
             F = ff.init.linformer_projections(kp, N, H, rng=2, dtype=np.float32)
-            fwd = lambda: ff.linformer_attention(q, k, v, E, F)
-            bwd = lambda: ff.linformer_attention_backward(dout, q, k, v, E, F)
+            run = lambda: ff.linformer_attention(q, k, v, E, F)
+            grad = lambda: ff.linformer_attention_backward(dout, q, k, v, E, F)
         else:
             raise SystemExit(f"unknown implementation {impl}")
+        fwd = run
+        # bidirectional linear kinds: the forward hands its key state to the backward (as a
+        # training step would), sparing the backward its key pass
+        keeps_state = impl in ("ff_flex_n", "ff_flex_s", "ff_performer") and not causal
 
         def both():
-            fwd()
-            bwd()
+            if keeps_state:
+                _, state = run(return_key_state=True)
+                grad(key_state=state)
+            else:
+                run()
+                grad()
 
     # peak memory: the high-water mark above the resident size before the first call,
     # reset first so that imports and setup do not hide it (ru_maxrss as a fallback)

@@ -1,7 +1,10 @@
 /* Public C entry points of the flexformer kernels (no Python here).
  * Every array is C-contiguous; sizes are element counts; every function returns an
  * ff_status (ff_common.h). `eps` is the denominator guard (see linattn_core.inc);
- * nthreads <= 0 means the OpenMP default. The _f32 and _f64 variants are the same
+ * nthreads <= 0 means the OpenMP default. The linear kinds' backward functions double
+ * as the forward when dout is NULL; their key_state ((B,H,F*e+F+2), bidirectional only,
+ * NULL to skip) is written by such a forward and read by the backward in place of the
+ * key pass. The _f32 and _f64 variants are the same
  * source compiled for float and double (kernels.c). */
 #ifndef FF_KERNELS_H
 #define FF_KERNELS_H
@@ -19,7 +22,8 @@ int ff_max_threads(void);
         size_t Nk, size_t d, size_t e, size_t m, int causal, real eps, int nthreads);       \
     int flex_s_attention_backward_##sfx(                                                    \
         real *dq, real *dk, real *dv, real *domega, real *out, int64_t *guard_count,        \
-        const real *dout, const real *q, const real *k, const real *v, const real *omega,   \
+        real *key_state, const real *dout, const real *q, const real *k, const real *v,     \
+        const real *omega,                                                                  \
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,       \
         size_t e, size_t m, int causal, real eps, int nthreads);                            \
     int flex_n_attention_forward_##sfx(                                                     \
@@ -29,7 +33,8 @@ int ff_max_threads(void);
         real eps, int nthreads);                                                            \
     int flex_n_attention_backward_##sfx(                                                    \
         real *dq, real *dk, real *dv, real *domega1, real *domega2, real *dtau, real *out,  \
-        int64_t *guard_count, const real *dout, const real *q, const real *k,               \
+        int64_t *guard_count, real *key_state, const real *dout, const real *q,             \
+        const real *k,                                                                      \
         const real *v, const real *omega1, const real *omega2, const real *tau,             \
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
         size_t e, size_t m, int causal, real eps, int nthreads);                            \
@@ -39,8 +44,8 @@ int ff_max_threads(void);
         const real *omega, const uint8_t *key_mask, size_t B, size_t H, size_t Nq,          \
         size_t Nk, size_t d, size_t e, size_t m, int causal, real eps, int nthreads);       \
     int performer_attention_backward_##sfx(                                                 \
-        real *dq, real *dk, real *dv, real *out, int64_t *guard_count, const real *dout,    \
-        const real *q, const real *k, const real *v, const real *omega,                     \
+        real *dq, real *dk, real *dv, real *out, int64_t *guard_count, real *key_state,     \
+        const real *dout, const real *q, const real *k, const real *v, const real *omega,   \
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
         size_t e, size_t m, int causal, real eps, int nthreads);                            \
     int hedgehog_attention_forward_##sfx(                                                   \
@@ -49,7 +54,8 @@ int ff_max_threads(void);
         size_t d, size_t e, size_t m, int causal, real eps, int nthreads);                  \
     int hedgehog_attention_backward_##sfx(                                                  \
         real *dq, real *dk, real *dv, real *dW, real *out, int64_t *guard_count,            \
-        const real *dout, const real *q, const real *k, const real *v, const real *W,       \
+        real *key_state, const real *dout, const real *q, const real *k, const real *v,     \
+        const real *W,                                                                      \
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
         size_t e, size_t m, int causal, real eps, int nthreads);                            \
     int linear_attention_forward_##sfx(                                                     \
@@ -58,7 +64,8 @@ int ff_max_threads(void);
         size_t F, size_t e, int causal, real eps, int nthreads);                            \
     int linear_attention_backward_##sfx(                                                    \
         real *dphi_q, real *dphi_k, real *dv, real *out, int64_t *guard_count,              \
-        const real *dout, const real *phi_q, const real *phi_k, const real *v,              \
+        real *key_state, const real *dout, const real *phi_q, const real *phi_k,            \
+        const real *v,                                                                      \
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t F,        \
         size_t e, int causal, real eps, int nthreads);                                      \
     int softmax_attention_forward_##sfx(                                                    \

@@ -177,6 +177,8 @@ typedef struct {
     int backward, typenum, causal;
     double eps, scale;
     PyArrayObject *dout, *q, *k, *v, *mask, *params[3];
+    PyArrayObject *key_state; /* backward: the forward's key state, or NULL */
+    int want_key_state;       /* forward: also return the key state */
     npy_intp B, H, Nq, Nk, d, e, m, kp, L;
 } attn_call;
 
@@ -187,6 +189,7 @@ static void attn_call_release(attn_call *c)
     Py_XDECREF(c->k);
     Py_XDECREF(c->v);
     Py_XDECREF(c->mask);
+    Py_XDECREF(c->key_state);
     for (int i = 0; i < 3; ++i)
         Py_XDECREF(c->params[i]);
 }
@@ -364,13 +367,45 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
     return 0;
 }
 
+/* Length of one (b,h)'s packed key state [S (F,e), z (F), R, M] for this call. */
+static npy_intp key_state_size(const attn_call *c)
+{
+    const npy_intp F = c->op == OP_LINEAR ? c->d : c->op == OP_PERFORMER ? c->m : 2 * c->m;
+    return F * c->e + F + 2;
+}
+
+/* key_state (backward input) or return_key_state (forward): bidirectional only, and the
+ * array must be (B, H, F*e + F + 2) in the call's dtype. */
+static int prepare_key_state(attn_call *c, PyObject *obj)
+{
+    if (c->causal) {
+        PyErr_SetString(PyExc_ValueError, "the key state exists for bidirectional attention only: "
+                        "key_state / return_key_state need causal=False");
+        return -1;
+    }
+    if (!obj)
+        return 0;
+    char doc[96];
+    snprintf(doc, sizeof doc, "(B, H, S) = (%zd, %zd, %zd)", (Py_ssize_t)c->B, (Py_ssize_t)c->H,
+             (Py_ssize_t)key_state_size(c));
+    if (!(c->key_state = to_array(obj, "key_state", c->typenum, 3, doc)))
+        return -1;
+    if (PyArray_DIM(c->key_state, 0) != c->B || PyArray_DIM(c->key_state, 1) != c->H ||
+        PyArray_DIM(c->key_state, 2) != key_state_size(c)) {
+        char want[160];
+        snprintf(want, sizeof want, "%s, as the forward returned it for these inputs", doc);
+        return shape_error(c->key_state, "key_state", want);
+    }
+    return 0;
+}
+
 #define DATA(a) ((a) ? PyArray_DATA(a) : NULL)
 /* The same call on the float or the double kernel (every array argument is void *). */
 #define TYPED_CALL(t, fn, ...) ((t) == NPY_FLOAT ? fn##_f32(__VA_ARGS__) : fn##_f64(__VA_ARGS__))
 
 /* Run the kernel; outputs: out (forward) or grads[0..2] = dq, dk, dv and grads[3..] the
  * parameter gradients (backward). The GIL is released by the caller. */
-static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void **g)
+static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void *ks, void **g)
 {
     const int t = c->typenum, causal = c->causal, nt = KERNEL_THREADS();
     const size_t B = (size_t)c->B, H = (size_t)c->H, Nq = (size_t)c->Nq, Nk = (size_t)c->Nk;
@@ -383,21 +418,21 @@ static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void **g
     const double eps = c->eps, scale = c->scale;
     switch (c->op) {
     case OP_FLEX_S:
-        return TYPED_CALL(t, flex_s_attention_backward, g[0], g[1], g[2], g[3], out, guard, dout,
-                          q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
+        return TYPED_CALL(t, flex_s_attention_backward, g[0], g[1], g[2], g[3], out, guard, ks,
+                          dout, q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
     case OP_FLEX_N:
         return TYPED_CALL(t, flex_n_attention_backward, g[0], g[1], g[2], g[3], g[4], g[5], out,
-                          guard, dout, q, k, v, p0, p1, p2, mask, B, H, Nq, Nk, d, e, m, causal,
-                          eps, nt);
+                          guard, ks, dout, q, k, v, p0, p1, p2, mask, B, H, Nq, Nk, d, e, m,
+                          causal, eps, nt);
     case OP_PERFORMER:
-        return TYPED_CALL(t, performer_attention_backward, g[0], g[1], g[2], out, guard, dout, q,
-                          k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
+        return TYPED_CALL(t, performer_attention_backward, g[0], g[1], g[2], out, guard, ks, dout,
+                          q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
     case OP_HEDGEHOG:
-        return TYPED_CALL(t, hedgehog_attention_backward, g[0], g[1], g[2], g[3], out, guard,
+        return TYPED_CALL(t, hedgehog_attention_backward, g[0], g[1], g[2], g[3], out, guard, ks,
                           dout, q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
     case OP_LINEAR:
-        return TYPED_CALL(t, linear_attention_backward, g[0], g[1], g[2], out, guard, dout, q, k,
-                          v, mask, B, H, Nq, Nk, d, e, causal, eps, nt);
+        return TYPED_CALL(t, linear_attention_backward, g[0], g[1], g[2], out, guard, ks, dout, q,
+                          k, v, mask, B, H, Nq, Nk, d, e, causal, eps, nt);
     case OP_SOFTMAX:
         return TYPED_CALL(t, softmax_attention_backward, g[0], g[1], g[2], out, dout, q, k, v,
                           mask, B, H, Nq, Nk, d, e, scale, causal, nt);
@@ -417,7 +452,7 @@ static PyObject *attn_call_execute(attn_call *c)
     PyArrayObject *outs[8] = {NULL};
     int nouts = 0, status = FF_OK;
     const int t = c->typenum;
-    void *out = NULL, *g[6] = {NULL};
+    void *out = NULL, *g[6] = {NULL}, *ks = DATA(c->key_state);
     int64_t *guard = NULL;
     if (!c->backward) {
         npy_intp shape[4] = {c->B, c->H, c->Nq, c->e};
@@ -430,6 +465,12 @@ static PyObject *attn_call_execute(attn_call *c)
                 goto cleanup;
             guard = (int64_t *)PyArray_DATA(outs[1]);
         }
+        if (c->want_key_state) {
+            npy_intp kshape[3] = {c->B, c->H, key_state_size(c)};
+            if (!(outs[nouts++] = (PyArrayObject *)PyArray_ZEROS(3, kshape, t, 0)))
+                goto cleanup;
+            ks = PyArray_DATA(outs[nouts - 1]);
+        }
     } else {
         PyArrayObject *like[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
         const int n = 3 + c->spec->ngrads;
@@ -441,7 +482,7 @@ static PyObject *attn_call_execute(attn_call *c)
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    status = attn_call_run(c, out, guard, g);
+    status = attn_call_run(c, out, guard, ks, g);
     Py_END_ALLOW_THREADS
     if (status_to_exception(status) < 0)
         goto cleanup;
@@ -463,7 +504,8 @@ cleanup:
 }
 
 /* Parse (dout,) q, k, v, params... and the keywords key_mask, causal and eps (linear
- * kinds) or scale (softmax kinds), by name or position, then check and run. */
+ * kinds, with return_key_state on the forward and key_state on the backward) or scale
+ * (softmax kinds), by name or position, then check and run. */
 static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObject *kwargs)
 {
     const op_spec *sp = &OPS[op];
@@ -485,6 +527,7 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
     for (int i = 0; i < nargs; ++i)
         values[i] = PyTuple_GET_ITEM(args, i);
     PyObject *mask = Py_None, *causal = Py_False, *eps = NULL, *scale = Py_None;
+    PyObject *key_state = Py_None, *want_key_state = Py_False;
     if (kwargs) {
         PyObject *key, *val;
         Py_ssize_t pos = 0;
@@ -510,6 +553,10 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
                 causal = val;
             else if (sp->linear && strcmp(kname, "eps") == 0)
                 eps = val;
+            else if (sp->linear && backward && strcmp(kname, "key_state") == 0)
+                key_state = val;
+            else if (sp->linear && !backward && strcmp(kname, "return_key_state") == 0)
+                want_key_state = val;
             else if (!sp->linear && strcmp(kname, "scale") == 0)
                 scale = val;
             else {
@@ -533,6 +580,12 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
         return NULL;
     }
     c.causal = causal == Py_True;
+    if (!PyBool_Check(want_key_state)) {
+        PyErr_Format(PyExc_TypeError, "return_key_state must be a bool, got %s",
+                     Py_TYPE(want_key_state)->tp_name);
+        return NULL;
+    }
+    c.want_key_state = want_key_state == Py_True;
     c.eps = 1e-4;
     if (eps) {
         c.eps = PyFloat_AsDouble(eps);
@@ -545,7 +598,9 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
         params[i] = values[b + 3 + i];
     PyObject *result = NULL;
     if (attn_call_prepare(&c, backward ? values[0] : NULL, values[b], values[b + 1], values[b + 2],
-                          params, mask) == 0) {
+                          params, mask) == 0 &&
+        (!(c.want_key_state || key_state != Py_None) ||
+         prepare_key_state(&c, key_state == Py_None ? NULL : key_state) == 0)) {
         c.scale = 1.0 / sqrt((double)c.d);
         if (scale != Py_None) {
             c.scale = PyFloat_AsDouble(scale);

@@ -20,6 +20,12 @@ Numerics shared by both variants (details in ``csrc/linattn_core.inc``):
   divided by eps * R_i instead. The backward differentiates exactly this guarded
   function. ``return_guard_count=True`` reports how many rows hit the guard.
 * A query row that sees no unmasked key gets zeros, with zero gradient.
+* Key state (bidirectional): every output row reads the same sums over the keys,
+  [S (F, e), z (F), R, M] per (batch, head). ``return_key_state=True`` returns them
+  packed, (B, H, F e + F + 2), and the backward takes them as ``key_state=`` instead of
+  recomputing them, the way autograd frameworks keep activations (F = 2m for flex_s,
+  flex_n and hedgehog, m for performer, the feature size for linear_attention). The
+  gradients are the same bit for bit.
 """
 from __future__ import annotations
 
@@ -40,6 +46,22 @@ def _check_flags(causal: bool, eps: float) -> None:
     check_real("eps", eps)
 
 
+def _forward(kernel, *arrays, causal, key_mask, eps, return_guard_count, return_key_state):
+    """Run a forward kernel and shape the result: out, then the guard count and the key
+    state when asked for."""
+    _check_flags(causal, eps)
+    want = check_bool("return_key_state", return_key_state)
+    check_bool("return_guard_count", return_guard_count)
+    res = kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), return_key_state=want)
+    picked = (res[0],) + ((res[1],) if return_guard_count else ()) + ((res[2],) if want else ())
+    return picked[0] if len(picked) == 1 else picked
+
+
+def _backward(kernel, *arrays, causal, key_mask, eps, key_state):
+    _check_flags(causal, eps)
+    return kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), key_state=key_state)
+
+
 def flex_s_attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -50,6 +72,7 @@ def flex_s_attention(
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
     return_guard_count: bool = False,
+    return_key_state: bool = False,
 ) -> ArrayOrPair:
     """Flexformer_s (stationary) linear attention.
 
@@ -73,16 +96,20 @@ def flex_s_attention(
         Denominator guard (module docstring); finite and > 0. Default 1e-4.
     return_guard_count : bool, optional
         Also return an int64 array (B, H) counting the rows that hit the guard.
+    return_key_state : bool, optional
+        Bidirectional only: also return the keys' state (B, H, F e + F + 2), the packed
+        sums [S, z, R, M] the outputs were read from (F = 2m features here). Hand it
+        to the backward as ``key_state=`` and it skips recomputing them (about an
+        eighth of forward + backward at N = 4096).
 
     Returns
     -------
     out : ndarray
         (B, H, Nq, e) in the input dtype; ``(out, guard_count)`` when
-        ``return_guard_count``.
+        ``return_guard_count``, then ``key_state`` last when ``return_key_state``.
     """
-    _check_flags(causal, eps)
-    out, guard = _C.flex_s_forward(q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
-    return (out, guard) if return_guard_count else out
+    return _forward(_C.flex_s_forward, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
+                    return_guard_count=return_guard_count, return_key_state=return_key_state)
 
 
 def flex_s_attention_backward(
@@ -95,8 +122,10 @@ def flex_s_attention_backward(
     causal: bool = False,
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
+    key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients of :func:`flex_s_attention` (recomputes the forward pass).
+    """Gradients of :func:`flex_s_attention` (recomputes the forward pass, but for the keys' state when
+    ``key_state`` from the forward is given).
 
     Parameters
     ----------
@@ -104,14 +133,18 @@ def flex_s_attention_backward(
         Gradient of the loss with respect to the output, (B, H, Nq, e).
     q, k, v, omega, causal, key_mask, eps
         As in :func:`flex_s_attention`.
+    key_state : ndarray, optional
+        What the forward returned with ``return_key_state=True`` for these same k, v,
+        parameters and mask (bidirectional). Its shape is checked, its content is not:
+        a state from other inputs gives wrong gradients.
 
     Returns
     -------
     dq, dk, dv, domega : ndarray
         Same shapes and dtype as q, k, v and omega. Masked keys get zero gradient.
     """
-    _check_flags(causal, eps)
-    return _C.flex_s_backward(dout, q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return _backward(_C.flex_s_backward, dout, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
+                     key_state=key_state)
 
 
 def flex_n_attention(
@@ -126,6 +159,7 @@ def flex_n_attention(
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
     return_guard_count: bool = False,
+    return_key_state: bool = False,
 ) -> ArrayOrPair:
     """Flexformer_n (nonstationary, Yaglom) linear attention.
 
@@ -142,7 +176,7 @@ def flex_n_attention(
         Frequency pairs (H, m, d), finite.
     tau : ndarray
         (H,), finite: log of the norm-factor scale.
-    causal, key_mask, eps, return_guard_count
+    causal, key_mask, eps, return_guard_count, return_key_state
         As in :func:`flex_s_attention`.
 
     Returns
@@ -150,11 +184,8 @@ def flex_n_attention(
     out : ndarray
         (B, H, Nq, e); ``(out, guard_count)`` when ``return_guard_count``.
     """
-    _check_flags(causal, eps)
-    out, guard = _C.flex_n_forward(
-        q, k, v, omega1, omega2, tau, key_mask=key_mask, causal=bool(causal), eps=float(eps)
-    )
-    return (out, guard) if return_guard_count else out
+    return _forward(_C.flex_n_forward, q, k, v, omega1, omega2, tau, causal=causal, key_mask=key_mask, eps=eps,
+                    return_guard_count=return_guard_count, return_key_state=return_key_state)
 
 
 def flex_n_attention_backward(
@@ -169,18 +200,18 @@ def flex_n_attention_backward(
     causal: bool = False,
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
+    key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients of :func:`flex_n_attention` (recomputes the forward pass).
+    """Gradients of :func:`flex_n_attention` (recomputes the forward pass, but for the keys' state when
+    ``key_state`` from the forward is given).
 
     Returns
     -------
     dq, dk, dv, domega1, domega2, dtau : ndarray
         Same shapes and dtype as q, k, v, omega1, omega2 and tau.
     """
-    _check_flags(causal, eps)
-    return _C.flex_n_backward(
-        dout, q, k, v, omega1, omega2, tau, key_mask=key_mask, causal=bool(causal), eps=float(eps)
-    )
+    return _backward(_C.flex_n_backward, dout, q, k, v, omega1, omega2, tau, causal=causal, key_mask=key_mask,
+                     eps=eps, key_state=key_state)
 
 
 def performer_attention(
@@ -193,6 +224,7 @@ def performer_attention(
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
     return_guard_count: bool = False,
+    return_key_state: bool = False,
 ) -> ArrayOrPair:
     """Performer FAVOR+ attention (Choromanski et al., 2021) with positive random features.
 
@@ -203,9 +235,8 @@ def performer_attention(
     :func:`flex_s_attention`. The frequencies are not learned: the backward returns
     no gradient for them.
     """
-    _check_flags(causal, eps)
-    out, guard = _C.performer_forward(q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
-    return (out, guard) if return_guard_count else out
+    return _forward(_C.performer_forward, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
+                    return_guard_count=return_guard_count, return_key_state=return_key_state)
 
 
 def performer_attention_backward(
@@ -218,10 +249,11 @@ def performer_attention_backward(
     causal: bool = False,
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
+    key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(dq, dk, dv)`` of :func:`performer_attention` (omega is fixed)."""
-    _check_flags(causal, eps)
-    return _C.performer_backward(dout, q, k, v, omega, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return _backward(_C.performer_backward, dout, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
+                     key_state=key_state)
 
 
 def hedgehog_attention(
@@ -234,6 +266,7 @@ def hedgehog_attention(
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
     return_guard_count: bool = False,
+    return_key_state: bool = False,
 ) -> ArrayOrPair:
     """Hedgehog attention (Zhang et al., 2024): a learnable positive feature map.
 
@@ -241,9 +274,8 @@ def hedgehog_attention(
     (d, m) per head, so ``W`` is (H, d, m) (see :func:`flexformer.init.hedgehog_weights`).
     Same conventions as :func:`flex_s_attention`.
     """
-    _check_flags(causal, eps)
-    out, guard = _C.hedgehog_forward(q, k, v, W, key_mask=key_mask, causal=bool(causal), eps=float(eps))
-    return (out, guard) if return_guard_count else out
+    return _forward(_C.hedgehog_forward, q, k, v, W, causal=causal, key_mask=key_mask, eps=eps,
+                    return_guard_count=return_guard_count, return_key_state=return_key_state)
 
 
 def hedgehog_attention_backward(
@@ -256,10 +288,11 @@ def hedgehog_attention_backward(
     causal: bool = False,
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
+    key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(dq, dk, dv, dW)`` of :func:`hedgehog_attention`."""
-    _check_flags(causal, eps)
-    return _C.hedgehog_backward(dout, q, k, v, W, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return _backward(_C.hedgehog_backward, dout, q, k, v, W, causal=causal, key_mask=key_mask, eps=eps,
+                     key_state=key_state)
 
 
 def linear_attention(
@@ -271,6 +304,7 @@ def linear_attention(
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
     return_guard_count: bool = False,
+    return_key_state: bool = False,
 ) -> ArrayOrPair:
     """Normalised linear attention on features you computed yourself.
 
@@ -284,7 +318,7 @@ def linear_attention(
         features give a proper weighted average, any finite features are accepted.
     v : ndarray
         Values (B, H, Nk, e).
-    causal, key_mask, eps, return_guard_count
+    causal, key_mask, eps, return_guard_count, return_key_state
         As in :func:`flex_s_attention`. Internally each row is split into its norm
         and direction (phi = |phi| f, |f| = 1), which keeps large features from
         overflowing; the guard compares the denominator of row i with
@@ -297,9 +331,8 @@ def linear_attention(
     out : ndarray
         (B, H, Nq, e); ``(out, guard_count)`` when ``return_guard_count``.
     """
-    _check_flags(causal, eps)
-    out, guard = _C.linear_forward(phi_q, phi_k, v, key_mask=key_mask, causal=bool(causal), eps=float(eps))
-    return (out, guard) if return_guard_count else out
+    return _forward(_C.linear_forward, phi_q, phi_k, v, causal=causal, key_mask=key_mask, eps=eps,
+                    return_guard_count=return_guard_count, return_key_state=return_key_state)
 
 
 def linear_attention_backward(
@@ -311,7 +344,8 @@ def linear_attention_backward(
     causal: bool = False,
     key_mask: Optional[np.ndarray] = None,
     eps: float = DEFAULT_EPS,
+    key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(dphi_q, dphi_k, dv)`` of :func:`linear_attention`."""
-    _check_flags(causal, eps)
-    return _C.linear_backward(dout, phi_q, phi_k, v, key_mask=key_mask, causal=bool(causal), eps=float(eps))
+    return _backward(_C.linear_backward, dout, phi_q, phi_k, v, causal=causal, key_mask=key_mask, eps=eps,
+                     key_state=key_state)
