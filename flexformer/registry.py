@@ -51,6 +51,8 @@ class AttentionKind:
     _init: Callable = field(repr=False)
     _forward: Callable = field(repr=False)
     _backward: Callable = field(repr=False)
+    #: the bidirectional forward can hand its key state to the backward (linear kinds)
+    key_state: bool = False
 
     def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
              max_len: Optional[int] = None, rng=None, dtype=np.float64) -> Params:
@@ -58,14 +60,22 @@ class AttentionKind:
         kinds and kp (default 64) for Linformer; ``max_len`` is Linformer's Nmax (needed)."""
         return self._init(num_heads, head_dim, num_features, max_len, rng, dtype)
 
-    def forward(self, q, k, v, params: Params, *, causal: bool = False, key_mask=None) -> np.ndarray:
-        """The attention output (B, H, Nq, e)."""
+    def forward(self, q, k, v, params: Params, *, causal: bool = False, key_mask=None,
+                return_key_state: bool = False):
+        """The attention output (B, H, Nq, e); with ``return_key_state`` (kinds with
+        ``key_state``, bidirectional) ``(out, state)`` for :meth:`backward`."""
+        if return_key_state:
+            if not self.key_state or causal:
+                raise ValueError(f"{self.name}: a key state exists for the bidirectional linear kinds only")
+            return self._forward(q, k, v, params, causal, key_mask, return_key_state=True)
         return self._forward(q, k, v, params, causal, key_mask)
 
-    def backward(self, dout, q, k, v, params: Params, *, causal: bool = False,
-                 key_mask=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
-        """``(dq, dk, dv, dparams)`` with dparams keyed by the learnable names."""
-        dq, dk, dv, *grads = self._backward(dout, q, k, v, params, causal, key_mask)
+    def backward(self, dout, q, k, v, params: Params, *, causal: bool = False, key_mask=None,
+                 key_state=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+        """``(dq, dk, dv, dparams)`` with dparams keyed by the learnable names; ``key_state``
+        from :meth:`forward` on the same inputs skips the key pass."""
+        extra = {} if key_state is None else {"key_state": key_state}
+        dq, dk, dv, *grads = self._backward(dout, q, k, v, params, causal, key_mask, **extra)
         return dq, dk, dv, dict(zip(self.learnable, grads))
 
 
@@ -99,16 +109,16 @@ def _elu1_grad(x):
     return np.where(x > 0, 1.0, np.exp(np.minimum(x, 0.0)))
 
 
-def _elu_forward(q, k, v, p, causal, mask):
+def _elu_forward(q, k, v, p, causal, mask, **kw):
     q, k = np.asarray(q), np.asarray(k)
     return lin.linear_attention(_elu1(q).astype(q.dtype), _elu1(k).astype(k.dtype), v,
-                                causal=causal, key_mask=mask)
+                                causal=causal, key_mask=mask, **kw)
 
 
-def _elu_backward(dout, q, k, v, p, causal, mask):
+def _elu_backward(dout, q, k, v, p, causal, mask, **kw):
     q, k = np.asarray(q), np.asarray(k)
     dpq, dpk, dv = lin.linear_attention_backward(dout, _elu1(q).astype(q.dtype), _elu1(k).astype(k.dtype),
-                                                 v, causal=causal, key_mask=mask)
+                                                 v, causal=causal, key_mask=mask, **kw)
     return (dpq * _elu1_grad(q)).astype(q.dtype), (dpk * _elu1_grad(k)).astype(k.dtype), dv
 
 
@@ -128,33 +138,36 @@ _register(AttentionKind(
 _register(AttentionKind(
     "flex_s", "Flexformer_s: stationary learnable random Fourier features", ("omega",), ("omega",),
     True, True, "O(N m (d + e))", _flex_s_init,
-    lambda q, k, v, p, c, mk: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c, key_mask=mk)))
+    lambda q, k, v, p, c, mk, **kw: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
+    lambda do, q, k, v, p, c, mk, **kw: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
+                                                                       key_mask=mk, **kw), key_state=True))
 _register(AttentionKind(
     "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale",
     ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), True, True, "O(N m (d + e))", _flex_n_init,
-    lambda q, k, v, p, c, mk: lin.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"],
-                                                   causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: lin.flex_n_attention_backward(do, q, k, v, p["omega1"], p["omega2"],
-                                                                p["tau"], causal=c, key_mask=mk)))
+    lambda q, k, v, p, c, mk, **kw: lin.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"],
+                                                         causal=c, key_mask=mk, **kw),
+    lambda do, q, k, v, p, c, mk, **kw: lin.flex_n_attention_backward(do, q, k, v, p["omega1"], p["omega2"],
+                                                                      p["tau"], causal=c, key_mask=mk, **kw),
+    key_state=True))
 _register(AttentionKind(
     "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)",
     ("omega",), (), True, True, "O(N m (d + e))", _flex_s_init,
-    lambda q, k, v, p, c, mk: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
-                                                                key_mask=mk)[:3]))
+    lambda q, k, v, p, c, mk, **kw: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
+    lambda do, q, k, v, p, c, mk, **kw: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
+                                                                      key_mask=mk, **kw)[:3], key_state=True))
 _register(AttentionKind(
     "performer", "Performer FAVOR+: fixed positive random features", ("omega",), (), True, True,
     "O(N m (d + e))",
     lambda H, d, m, L, rng, dt: {"omega": initialisers.performer_omega(H, _m(d, m), d, rng=rng, dtype=dt)},
-    lambda q, k, v, p, c, mk: lin.performer_attention(q, k, v, p["omega"], causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: lin.performer_attention_backward(do, q, k, v, p["omega"], causal=c,
-                                                                   key_mask=mk)))
+    lambda q, k, v, p, c, mk, **kw: lin.performer_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
+    lambda do, q, k, v, p, c, mk, **kw: lin.performer_attention_backward(do, q, k, v, p["omega"], causal=c,
+                                                                         key_mask=mk, **kw), key_state=True))
 _register(AttentionKind(
     "hedgehog", "Hedgehog: learnable softmax feature map", ("W",), ("W",), True, True, "O(N m (d + e))",
     lambda H, d, m, L, rng, dt: {"W": initialisers.hedgehog_weights(H, d, m, rng=rng, dtype=dt)},
-    lambda q, k, v, p, c, mk: lin.hedgehog_attention(q, k, v, p["W"], causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: lin.hedgehog_attention_backward(do, q, k, v, p["W"], causal=c, key_mask=mk)))
+    lambda q, k, v, p, c, mk, **kw: lin.hedgehog_attention(q, k, v, p["W"], causal=c, key_mask=mk, **kw),
+    lambda do, q, k, v, p, c, mk, **kw: lin.hedgehog_attention_backward(do, q, k, v, p["W"], causal=c,
+                                                                        key_mask=mk, **kw), key_state=True))
 _register(AttentionKind(
     "linformer", "Linformer: keys and values projected along the sequence to kp rows", ("E", "F"),
     ("E", "F"), False, True, "O(N kp (d + e))", _linformer_init,
@@ -163,7 +176,7 @@ _register(AttentionKind(
                                                                   key_mask=mk)))
 _register(AttentionKind(
     "elu", "linear attention with elu(x) + 1 features (the generic core)", (), (), True, True,
-    "O(N d e)", lambda H, d, m, L, rng, dt: {}, _elu_forward, _elu_backward))
+    "O(N d e)", lambda H, d, m, L, rng, dt: {}, _elu_forward, _elu_backward, key_state=True))
 
 
 def attention_kinds() -> List[str]:

@@ -91,13 +91,19 @@ class MultiHeadAttention(Module):
     def forward(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         self._q, self._k, self._v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
         self._mask = key_mask
-        out = self.kind.forward(self._q, self._k, self._v, self._kernel_values(), causal=self.causal, key_mask=key_mask)
+        self._key_state = None
+        if self.kind.key_state and not self.causal:  # kept for the backward: it skips the key pass
+            out, self._key_state = self.kind.forward(self._q, self._k, self._v, self._kernel_values(),
+                                                     key_mask=key_mask, return_key_state=True)
+        else:
+            out = self.kind.forward(self._q, self._k, self._v, self._kernel_values(), causal=self.causal,
+                                    key_mask=key_mask)
         return self.o.forward(self._merge(out))
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         dout = self._split(self.o.backward(dy))
         dq, dk, dv, grads = self.kind.backward(dout, self._q, self._k, self._v, self._kernel_values(),
-                                               causal=self.causal, key_mask=self._mask)
+                                               causal=self.causal, key_mask=self._mask, key_state=self._key_state)
         if self.sharing in ("key-value", "layerwise"):
             self.kernel["E"].grad += grads["E"] + grads["F"]
         else:
