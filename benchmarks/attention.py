@@ -2,6 +2,7 @@
 
     python benchmarks/attention.py                 # the full sweep (minutes; needs torch)
     python benchmarks/attention.py --quick         # a seconds-long smoke run (CI)
+    python benchmarks/attention.py --rounds 3 ...  # every configuration 3 times, interleaved; medians
 
 Times forward and forward+backward (median of --repeats runs after three warm-up calls), float32,
 B=1, H=8, d=e=m=64, every configuration in a fresh subprocess with 2 threads
@@ -51,6 +52,23 @@ IMPLS = {
 
 
 # --------------------------------------------------------------------------- worker
+
+def _aggregate(config, results):
+    """One row per configuration: median times over rounds (each round a fresh process),
+    the largest peak, and the per-round times when there was more than one round."""
+    impl, causal, N = config
+    good = [r for r in results if "error" not in r]
+    if not good:
+        return {"impl": impl, "causal": causal, "N": N, **results[-1]}
+    row = {"impl": impl, "causal": causal, "N": N}
+    for key in ("fwd_s", "fwdbwd_s"):
+        vals = sorted(r[key] for r in good)
+        row[key] = vals[len(vals) // 2] if len(vals) % 2 else 0.5 * (vals[len(vals) // 2 - 1] + vals[len(vals) // 2])
+        if len(good) > 1:
+            row[key + "_rounds"] = [r[key] for r in good]
+    row["peak_mib"] = max(r["peak_mib"] for r in good)
+    return row
+
 
 def _reset_peak() -> bool:
     """Reset this process's resident high-water mark (Linux: /proc/self/clear_refs)."""
@@ -234,7 +252,11 @@ def main() -> int:
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     parser.add_argument("--quick", action="store_true", help="smoke run: N in {256, 512}, H=2, 2 repeats")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--rounds", type=int, default=1, help="run every configuration this many times, "
+                        "interleaved by size, and report the median over rounds (tames machine drift)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     if args.quick:
         args.sizes, args.heads, args.repeats = [256, 512], 2, 2
     try:
@@ -257,23 +279,28 @@ def main() -> int:
         with open(json_path, "w") as fh:
             json.dump(record, fh, indent=2)
 
+    configs = [(impl, causal, N) for impl in args.impls if have_torch or not IMPLS[impl][1]
+               for causal in ([False] if IMPLS[impl][0] == "bidir" else [False, True]) for N in args.sizes]
+    if args.rounds > 1:
+        # size-major order: an implementation and its peers run next to each other in time,
+        # and every configuration once per round, so slow drift of the machine hits all alike
+        configs.sort(key=lambda c: (c[2], c[1], args.impls.index(c[0])))
+    runs = {c: [] for c in configs}
     rows = []
-    for impl in args.impls:
-        modes, needs_torch = IMPLS[impl]
-        if needs_torch and not have_torch:
-            continue
-        for causal in ([False] if modes == "bidir" else [False, True]):
-            for N in args.sizes:
-                res = _run_worker([impl, int(causal), N, args.heads, args.head_dim, args.repeats, args.threads],
-                                  args.threads)
-                row = {"impl": impl, "causal": causal, "N": N, **res}
-                rows.append(row)
-                save()
-                if "error" in res:
-                    print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  error: {res['error']}")
-                else:
-                    print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  fwd {res['fwd_s'] * 1e3:10.2f} ms"
-                          f"  fwd+bwd {res['fwdbwd_s'] * 1e3:10.2f} ms  peak {res['peak_mib']:8.1f} MiB", flush=True)
+    for rnd in range(args.rounds):
+        for impl, causal, N in configs:
+            res = _run_worker([impl, int(causal), N, args.heads, args.head_dim, args.repeats, args.threads],
+                              args.threads)
+            runs[(impl, causal, N)].append(res)
+            rows = [_aggregate(c, r) for c, r in runs.items() if r]
+            save()
+            if args.rounds > 1:
+                print(f"[round {rnd + 1}/{args.rounds}] ", end="")
+            if "error" in res:
+                print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  error: {res['error']}")
+            else:
+                print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  fwd {res['fwd_s'] * 1e3:10.2f} ms"
+                      f"  fwd+bwd {res['fwdbwd_s'] * 1e3:10.2f} ms  peak {res['peak_mib']:8.1f} MiB", flush=True)
 
     matmul = _run_worker(["matmul", args.threads], args.threads).get("gflops")
     overhead = _run_worker(["overhead", args.threads], args.threads)
