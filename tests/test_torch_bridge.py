@@ -212,3 +212,22 @@ def test_two_process_ddp_matches_one_process(tmp_path, task):
     for name, value in one.items():  # ... and two processes on half batches each did exactly the same
         np.testing.assert_allclose(two[name], value, rtol=1e-9, atol=1e-11, err_msg=name)
 
+
+
+def test_checkpoint_from_the_train_command_loads_into_torch(tmp_path):
+    """A run of `python -m flexformer train` loads into torch.nn and gives the NumPy model's logits."""
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "flexformer", "train", "--steps", "3", "--seq-len", "32", "--dim", "16",
+                    "--heads", "2", "--depth", "1", "--eval-batches", "1", "--quiet", "--out", str(run)],
+                   check=True, capture_output=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    np_model, cfg, _ = load_model(str(run))
+    model, cfg2 = from_numpy_checkpoint(str(run))
+    assert cfg2 == cfg and cfg.attention == "flex_n"
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 16, (2, 32))
+    mask = np.ones((2, 32), bool)
+    mask[0, 20:] = False
+    with torch.no_grad():
+        got = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    want = np_model.forward(ids, mask)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
