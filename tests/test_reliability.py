@@ -128,7 +128,11 @@ fns = [lambda x, i: ff.flex_s_attention(*[x if j == i else a for j, a in enumera
        lambda x, i: ff.performer_attention(*[x if j == i else a for j, a in enumerate((q, k, v, om))]),
        lambda x, i: ff.softmax_attention(*[x if j == i else a for j, a in enumerate((q, k, v))]),
        lambda x, i: ff.hedgehog_attention(*[x if j == i else a for j, a in enumerate((q, k, v, good(2, 3, 4)))]),
-       lambda x, i: ff.linformer_attention(*[x if j == i else a for j, a in enumerate((q, k, v, good(2, 5), good(2, 5)))])]
+       lambda x, i: ff.linformer_attention(*[x if j == i else a for j, a in enumerate((q, k, v, good(2, 5), good(2, 5)))]),
+       # the key state: any value in its place, including arrays of the wrong shape or dtype
+       lambda x, i: ff.flex_s_attention_backward(good(1, 2, 5, 4), q, k, v, om, key_state=x),
+       lambda x, i: ff.hedgehog_attention_backward(good(1, 2, 5, 4), q, k, v, good(2, 3, 4), key_state=x),
+       lambda x, i: ff.flex_s_attention(q, k, v, om, return_key_state=x)]
 raised = 0
 for trial in range(300):
     fn = fns[rng.integers(len(fns))]
