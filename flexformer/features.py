@@ -16,7 +16,30 @@ Params = Dict[str, np.ndarray]
 
 #: parameter names of each kind, in the registry's order
 PARAM_NAMES = {"flex_s": ("omega",), "rfa": ("omega",), "flex_n": ("omega1", "omega2", "tau"),
-               "performer": ("omega",), "hedgehog": ("W",), "linear": (), "elu": (), "softmax": ()}
+               "performer": ("omega",), "hedgehog": ("W",), "linear": (), "elu": (), "softmax": (),
+               "linformer": ("E", "F")}
+_LAYOUTS = {"tau": "(H,)", "W": "(H, d, m)"}  # the frequency arrays are (H, m, d)
+
+
+def require_params(kind: str, params) -> None:
+    """ValueError naming what is missing unless ``params`` has every name ``kind`` needs."""
+    missing = [n for n in PARAM_NAMES[kind] if n not in params]
+    if missing:
+        raise ValueError(f"params for {kind} need {', '.join(PARAM_NAMES[kind])}; missing {', '.join(missing)}")
+
+
+def check_param_shapes(params: Params, H: int, d: int) -> None:
+    """ValueError naming the parameter whose shape does not fit H heads of size d."""
+    for n, x in params.items():
+        if n == "tau":
+            fits = x.shape == (H,)
+        else:
+            fits = x.ndim == 3 and x.shape[0] == H and x.shape[1 if n == "W" else 2] == d
+        if not fits:
+            raise ValueError(f"{n} must have shape {_LAYOUTS.get(n, '(H, m, d)')} with H = {H}, d = {d}; "
+                             f"got {x.shape}")
+
+
 #: the parameters :func:`feature_backward` differentiates (rfa and performer keep theirs fixed)
 LEARNABLE = {"flex_s": ("omega",), "flex_n": ("omega1", "omega2", "tau"), "hedgehog": ("W",)}
 

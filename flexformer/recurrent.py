@@ -35,6 +35,7 @@ from . import attention as lin
 from . import softmax as sm
 from ._checks import check_real
 from .features import PARAM_NAMES as _PARAM_NAMES
+from .features import check_param_shapes, require_params
 from .features import features as _features
 from .features import num_features as _num_features
 
@@ -66,9 +67,7 @@ class LinearAttentionState:
     def empty(cls, batch: int, heads: int, features: int, value_dim: int,
               dtype=np.float32) -> "LinearAttentionState":
         """A state that has seen no tokens."""
-        for name, n in (("batch", batch), ("heads", heads), ("features", features), ("value_dim", value_dim)):
-            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        _check_sizes(batch=batch, heads=heads, features=features, value_dim=value_dim)
         dtype = _float_dtype("dtype", dtype)
         return cls(np.zeros((batch, heads, features, value_dim), dtype), np.zeros((batch, heads, features), dtype),
                    np.zeros((batch, heads), dtype), np.full((batch, heads), -np.inf, dtype))
@@ -106,9 +105,7 @@ class KVCacheState:
     @classmethod
     def empty(cls, batch: int, heads: int, head_dim: int, value_dim: int, dtype=np.float32,
               capacity: int = 64) -> "KVCacheState":
-        for name, n in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("value_dim", value_dim)):
-            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        _check_sizes(batch=batch, heads=heads, head_dim=head_dim, value_dim=value_dim)
         dtype = _float_dtype("dtype", dtype)
         return cls(np.zeros((batch, heads, capacity, head_dim), dtype),
                    np.zeros((batch, heads, capacity, value_dim), dtype), np.zeros((batch, capacity), bool))
@@ -166,6 +163,12 @@ class KVCacheState:
 
 
 State = Union[LinearAttentionState, KVCacheState]
+
+
+def _check_sizes(**sizes) -> None:
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
 
 
 def _float_dtype(name: str, dtype) -> np.dtype:
@@ -257,9 +260,7 @@ class RecurrentAttention:
             why = " (Linformer projects along the whole sequence and has no causal form)" if kind == "linformer" else ""
             raise ValueError(f"kind must be one of {', '.join(RECURRENT_KINDS)}, got {kind!r}{why}")
         params = {} if params is None else dict(params)
-        missing = [n for n in _PARAM_NAMES[kind] if n not in params]
-        if missing:
-            raise ValueError(f"params for {kind} need {', '.join(_PARAM_NAMES[kind])}; missing {', '.join(missing)}")
+        require_params(kind, params)
         self.kind = kind
         self.params = {n: np.asarray(params[n]) for n in _PARAM_NAMES[kind]}
         self.eps = check_real("eps", eps)
@@ -314,14 +315,7 @@ class RecurrentAttention:
         return q, k, v, key_mask
 
     def _check_params(self, H: int, d: int) -> None:
-        p = self.params
-        for name in ("omega", "omega1", "omega2"):
-            if name in p and (p[name].ndim != 3 or p[name].shape[0] != H or p[name].shape[2] != d):
-                raise ValueError(f"{name} must have shape (H, m, d) = ({H}, m, {d}), got {p[name].shape}")
-        if "tau" in p and p["tau"].shape != (H,):
-            raise ValueError(f"tau must have shape (H,) = ({H},), got {p['tau'].shape}")
-        if "W" in p and (p["W"].ndim != 3 or p["W"].shape[:2] != (H, d)):
-            raise ValueError(f"W must have shape (H, d, m) = ({H}, {d}, m), got {p['W'].shape}")
+        check_param_shapes(self.params, H, d)
 
     def _check_state(self, state, q, v) -> None:
         B, H, _, d = q.shape

@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..features import LEARNABLE, PARAM_NAMES, feature_backward, features
+from ..features import LEARNABLE, PARAM_NAMES, check_param_shapes, feature_backward, features, require_params
 
 Params = Dict[str, np.ndarray]
 DISTILL_KINDS = ("flex_n", "flex_s", "hedgehog", "performer", "rfa")
@@ -53,19 +53,10 @@ def _check(kind: str, q, k, key_mask, params):
     key_mask = np.asarray(key_mask)
     if key_mask.dtype != np.bool_ or key_mask.shape != (S, N):
         raise ValueError(f"key_mask must be a bool array (S, N) = {(S, N)}, got {key_mask.dtype} {key_mask.shape}")
-    missing = [n for n in PARAM_NAMES[kind] if n not in params]
-    if missing:
-        raise ValueError(f"params for {kind} need {', '.join(PARAM_NAMES[kind])}; missing {', '.join(missing)}")
+    require_params(kind, params)
     params = {n: np.asarray(params[n], dtype=q.dtype) for n in PARAM_NAMES[kind]}
-    layouts = {"tau": "(H,)", "W": "(H, d, m)"}
+    check_param_shapes(params, H, d)
     for n, x in params.items():
-        if n == "tau":
-            fits = x.shape == (H,)
-        else:  # W is (H, d, m); the frequency arrays are (H, m, d)
-            fits = x.ndim == 3 and x.shape[0] == H and x.shape[1 if n == "W" else 2] == d
-        if not fits:
-            raise ValueError(f"{n} must have shape {layouts.get(n, '(H, m, d)')} with H = {H}, d = {d}; "
-                             f"got {x.shape}")
         if not np.isfinite(x).all():
             raise ValueError(f"{n} must be finite")
     return q, k, key_mask, params

@@ -1,7 +1,7 @@
 """The two models: an encoder classifier (mean-pooled) and a causal language model."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np

@@ -22,6 +22,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import attention as _lin
+from ..features import require_params
 from ..registry import get_attention
 
 EPS = _lin.DEFAULT_EPS
@@ -215,9 +216,7 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
     """
     spec = get_attention(kind)
     params = {} if params is None else params
-    missing = [n for n in spec.params if n not in params]
-    if missing:
-        raise ValueError(f"params for {kind} need {', '.join(spec.params)}; missing {', '.join(missing)}")
+    require_params(kind, params)
     if backend not in ("auto", "c", "torch"):
         raise ValueError(f"backend must be 'auto', 'c' or 'torch', got {backend!r}")
     if key_mask is not None and key_mask.dtype != torch.bool:
