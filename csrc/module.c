@@ -475,8 +475,14 @@ static PyObject *attn_call_execute(attn_call *c)
         PyArrayObject *like[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
         const int n = 3 + c->spec->ngrads;
         for (int i = 0; i < n; ++i) {
-            if (!(outs[nouts++] = (PyArrayObject *)PyArray_ZEROS(PyArray_NDIM(like[i]),
-                                                                  PyArray_DIMS(like[i]), t, 0)))
+            /* the linear core writes dq, dk, dv in full, zeroing them on the owning thread
+             * (linattn_run.inc); everything else starts from zeros */
+            const int fresh = c->spec->linear && i < 3;
+            const int nd = PyArray_NDIM(like[i]);
+            npy_intp *dims = PyArray_DIMS(like[i]);
+            outs[nouts++] = (PyArrayObject *)(fresh ? PyArray_EMPTY(nd, dims, t, 0)
+                                                    : PyArray_ZEROS(nd, dims, t, 0));
+            if (!outs[nouts - 1])
                 goto cleanup;
             g[i] = PyArray_DATA(outs[i]);
         }
@@ -509,7 +515,7 @@ cleanup:
 static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObject *kwargs)
 {
     const op_spec *sp = &OPS[op];
-    const char *names[8];
+    const char *names[8] = {NULL};
     PyObject *values[8] = {NULL};
     int n = 0;
     if (backward)
