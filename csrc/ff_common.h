@@ -89,6 +89,21 @@ static inline int ff_cpu_level(void)
 #define FF_X86_DISPATCH 0
 #endif
 
+/* Bytes the causal backward may spend on caching each chunk's features and weights
+ * between its two sweeps (a few KiB per row; beyond the budget it recomputes them).
+ * FLEXFORMER_CAUSAL_CACHE_MIB overrides the default of 256 MiB; 0 turns the cache off. */
+static inline size_t ff_causal_cache_bytes(void)
+{
+    const char *env = getenv("FLEXFORMER_CAUSAL_CACHE_MIB");
+    if (env && *env) {
+        char *end;
+        const unsigned long long mib = strtoull(env, &end, 10);
+        if (*end == 0 && mib <= (unsigned long long)(SIZE_MAX >> 20))
+            return (size_t)mib << 20;
+    }
+    return (size_t)256 << 20;
+}
+
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */
 #define FF_BLOCK 64

