@@ -153,7 +153,9 @@ def test_numpy_checkpoint_into_torch_and_back(tmp_path, task, attention_kind, dt
     ids = rng.integers(0, vocab, (3, 24))
     mask = np.ones((3, 24), bool)
     mask[1, 15:] = False
-    tol = 1e-10 if dtype == "float64" else 2e-5
+    # float32: each side is 0.4-1.7e-5 (relative) from the float64 model here (measured), so two
+    # float32 implementations of the same model may differ by about twice that
+    tol = 1e-10 if dtype == "float64" else 1e-4
     with torch.no_grad():
         if task == "text-lm":
             got, want = model(torch.from_numpy(ids)).numpy(), np_model.forward(ids)
