@@ -80,7 +80,7 @@ setup(
     ext_modules=[
         Extension(
             "flexformer._C",
-            sources=["csrc/kernels.c", "csrc/module.c"],
+            sources=["csrc/kernels.c", "csrc/buffer_cache.c", "csrc/module.c"],
             depends=[os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith((".h", ".inc"))],
             include_dirs=[np.get_include(), "csrc"],
         )

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <math.h>
 
+#include "buffer_cache.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif

@@ -1,0 +1,140 @@
+/* The block cache of buffer_cache.h: at most FF_CACHE_SLOTS blocks, matched by exact size
+ * (a loop asks for the same sizes again), oldest evicted first. A spin lock guards the
+ * table because kernels allocate with the GIL released while other Python threads may be
+ * creating or freeing arrays; compilers without GCC's atomic builtins get no cache. */
+#include "buffer_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FF_CACHE_SLOTS 32
+
+#if defined(__GNUC__)
+#define FF_CACHE_ENABLED 1
+static int cache_lock_flag = 0;
+static void cache_lock(void)
+{
+    while (__atomic_exchange_n(&cache_lock_flag, 1, __ATOMIC_ACQUIRE))
+        while (__atomic_load_n(&cache_lock_flag, __ATOMIC_RELAXED))
+            ;
+}
+static void cache_unlock(void) { __atomic_store_n(&cache_lock_flag, 0, __ATOMIC_RELEASE); }
+#else
+#define FF_CACHE_ENABLED 0
+static void cache_lock(void) {}
+static void cache_unlock(void) {}
+#endif
+
+typedef struct {
+    void *ptr;
+    size_t size;
+} cache_slot;
+
+/* slots[0 .. count) from oldest to newest */
+static cache_slot slots[FF_CACHE_SLOTS];
+static size_t count = 0, held = 0;
+static size_t limit = FF_CACHE_ENABLED ? FF_BUFFER_CACHE_DEFAULT_BYTES : 0;
+static uint64_t hits = 0, misses = 0;
+
+static void remove_slot(size_t i)
+{
+    held -= slots[i].size;
+    memmove(slots + i, slots + i + 1, (count - i - 1) * sizeof *slots);
+    --count;
+}
+
+/* A cached block of exactly `size` bytes (the newest), or NULL. */
+static void *take(size_t size)
+{
+    void *p = NULL;
+    if (size < FF_BUFFER_CACHE_MIN_BYTES)
+        return NULL;
+    cache_lock();
+    for (size_t i = count; i-- > 0;)
+        if (slots[i].size == size) {
+            p = slots[i].ptr;
+            remove_slot(i);
+            break;
+        }
+    if (p)
+        ++hits;
+    else
+        ++misses;
+    cache_unlock();
+    return p;
+}
+
+void *ff_buffer_malloc(size_t size)
+{
+    void *p = take(size);
+    return p ? p : malloc(size ? size : 1);
+}
+
+void *ff_buffer_calloc(size_t n, size_t size)
+{
+    if (size && n > (size_t)-1 / size)
+        return NULL;
+    void *p = take(n * size);
+    if (p) {
+        memset(p, 0, n * size);
+        return p;
+    }
+    return calloc(n ? n : 1, size ? size : 1);
+}
+
+void *ff_buffer_realloc(void *ptr, size_t size)
+{
+    return realloc(ptr, size ? size : 1);
+}
+
+void ff_buffer_free(void *ptr, size_t size)
+{
+    void *evicted[FF_CACHE_SLOTS + 1];
+    size_t nev = 0;
+    if (!ptr)
+        return;
+    cache_lock();
+    if (size < FF_BUFFER_CACHE_MIN_BYTES || size > limit) {
+        evicted[nev++] = ptr;
+    } else {
+        while (count && (count == FF_CACHE_SLOTS || held + size > limit)) {
+            evicted[nev++] = slots[0].ptr;
+            remove_slot(0);
+        }
+        slots[count].ptr = ptr;
+        slots[count].size = size;
+        ++count;
+        held += size;
+    }
+    cache_unlock();
+    for (size_t i = 0; i < nev; ++i) /* outside the lock: free may take a while */
+        free(evicted[i]);
+}
+
+void ff_buffer_cache_set_limit(size_t bytes)
+{
+    void *evicted[FF_CACHE_SLOTS];
+    size_t nev = 0;
+    cache_lock();
+    limit = FF_CACHE_ENABLED ? bytes : 0;
+    while (count && held > limit) {
+        evicted[nev++] = slots[0].ptr;
+        remove_slot(0);
+    }
+    cache_unlock();
+    for (size_t i = 0; i < nev; ++i)
+        free(evicted[i]);
+}
+
+ff_buffer_cache_info ff_buffer_cache_stats(void)
+{
+    ff_buffer_cache_info info;
+    cache_lock();
+    info.blocks = count;
+    info.bytes = held;
+    info.limit = limit;
+    info.hits = hits;
+    info.misses = misses;
+    cache_unlock();
+    return info;
+}

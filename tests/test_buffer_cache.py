@@ -1,0 +1,99 @@
+"""The block cache behind output arrays and kernel workspaces (csrc/buffer_cache.c):
+reused memory must never be shared by live arrays, results must not change, and the
+bound must hold."""
+import threading
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+
+
+def _inputs(N=2048, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, 4, N, 32)).astype(dtype) * 0.3 for _ in range(3))
+    return q, k, v, ff.init.flex_n_params(4, 16, 32, rng=1, dtype=dtype)
+
+
+@pytest.fixture(autouse=True)
+def default_bound():
+    yield
+    ff.set_buffer_cache(256)
+
+
+def test_repeated_calls_reuse_blocks_and_give_the_same_results():
+    q, k, v, p = _inputs()
+    ff.set_buffer_cache(0)  # start empty
+    ff.set_buffer_cache(256)
+    first = ff.flex_n_attention(q, k, v, *p)  # (1, 4, 2048, 32) float32: 1 MiB, cached size
+    before = ff.buffer_cache_info()
+    kept = first.copy()
+    del first  # its block goes to the cache ...
+    assert ff.buffer_cache_info()["blocks"] == before["blocks"] + 1
+    second = ff.flex_n_attention(q, k, v, *p)  # ... and comes back for the same size
+    after = ff.buffer_cache_info()
+    assert after["hits"] > before["hits"]
+    np.testing.assert_array_equal(second, kept)
+
+
+def test_live_results_never_share_memory():
+    q, k, v, p = _inputs()
+    dout = np.ones_like(v)
+    outs = [ff.flex_n_attention(q, k, v, *p) for _ in range(3)]
+    grads = [ff.flex_n_attention_backward(dout, q, k, v, *p) for _ in range(2)]
+    arrays = outs + [g for gs in grads for g in gs[:3]]
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            assert not np.shares_memory(a, b)
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    for g, h in zip(grads[0], grads[1]):
+        np.testing.assert_array_equal(g, h)
+
+
+def test_bound_holds_and_zero_empties():
+    q, k, v, p = _inputs()
+    ff.set_buffer_cache(1.5)  # room for one 1 MiB block
+    for _ in range(3):
+        ff.flex_n_attention(q, k, v, *p)
+    info = ff.buffer_cache_info()
+    assert info["limit"] == int(1.5 * 2 ** 20) and info["bytes"] <= info["limit"]
+    kept = ff.flex_n_attention(q, k, v, *p)
+    snapshot = kept.copy()
+    ff.set_buffer_cache(0)
+    info = ff.buffer_cache_info()
+    assert info["blocks"] == 0 and info["bytes"] == 0 and info["limit"] == 0
+    np.testing.assert_array_equal(kept, snapshot)  # a live array is not the cache's to free
+    del kept
+    assert ff.buffer_cache_info()["blocks"] == 0  # nothing is kept with a bound of 0
+    np.testing.assert_array_equal(ff.flex_n_attention(q, k, v, *p), snapshot)
+
+
+def test_threads_calling_at_once_get_correct_results():
+    q, k, v, p = _inputs(N=1024, dtype=np.float64)
+    dout = np.ones_like(v)
+    want = ff.flex_n_attention_backward(dout, q, k, v, *p)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                got = ff.flex_n_attention_backward(dout, q, k, v, *p)
+                for a, b in zip(got, want):
+                    np.testing.assert_array_equal(a, b)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.parametrize("bad,exc", [(-1, ValueError), (float("nan"), ValueError), (2e6, ValueError),
+                                     ("64", TypeError), (True, TypeError), (None, TypeError)])
+def test_bad_bounds(bad, exc):
+    with pytest.raises(exc, match="mib"):
+        ff.set_buffer_cache(bad)
