@@ -7,6 +7,8 @@ Quick start::
     omega = ff.init.flex_s_omega(2, 32, 16, rng=0)
     out = ff.flex_s_attention(q, k, v, omega, causal=True)
 """
+import os
+
 import numpy as np
 
 from . import _C
@@ -70,6 +72,20 @@ def set_buffer_cache(mib: float) -> None:
     if not 0 <= float(mib) <= 1048576:
         raise ValueError(f"mib must be from 0 to 1048576, got {mib}")
     _C.set_buffer_cache(float(mib))
+
+
+def _buffer_cache_from_environment() -> None:
+    """FLEXFORMER_BUFFER_CACHE_MIB, when set, bounds the cache from import on (0: off, e.g.
+    under AddressSanitizer, which cannot see inside reused blocks)."""
+    value = os.environ.get("FLEXFORMER_BUFFER_CACHE_MIB", "").strip()
+    if value:
+        try:
+            set_buffer_cache(float(value))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"FLEXFORMER_BUFFER_CACHE_MIB={value!r}: {exc}") from None
+
+
+_buffer_cache_from_environment()
 
 
 def buffer_cache_info() -> dict:

@@ -97,3 +97,15 @@ def test_threads_calling_at_once_get_correct_results():
 def test_bad_bounds(bad, exc):
     with pytest.raises(exc, match="mib"):
         ff.set_buffer_cache(bad)
+
+
+def test_bound_from_the_environment(tmp_path):
+    import subprocess
+    import sys
+    code = "import flexformer as ff; print(ff.buffer_cache_info()['limit'])"
+    run = lambda value: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       env={**__import__("os").environ, "FLEXFORMER_BUFFER_CACHE_MIB": value})
+    assert run("0").stdout.strip() == "0"
+    assert run("16").stdout.strip() == str(16 * 2 ** 20)
+    bad = run("lots")
+    assert bad.returncode != 0 and "FLEXFORMER_BUFFER_CACHE_MIB='lots'" in bad.stderr
