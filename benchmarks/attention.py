@@ -381,13 +381,16 @@ def _plot(rows, path: str) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     series = sorted({(r["impl"], r["causal"]) for r in rows if "fwdbwd_s" in r})
+    # one colour per implementation, solid bidirectional, dashed causal
+    colours = {impl: plt.get_cmap("tab10")(i % 10) for i, impl in enumerate(IMPLS)}
     for impl, causal in series:
         pts = sorted((r["N"], r["fwdbwd_s"], r["peak_mib"]) for r in rows
                      if r["impl"] == impl and r["causal"] == causal and "fwdbwd_s" in r)
         label = f"{impl} ({'causal' if causal else 'bidir'})"
-        style = "--" if causal else "-"
-        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=label)
-        axes[1].plot([p[0] for p in pts], [max(p[2], 0.1) for p in pts], style, marker="o", label=label)
+        style = dict(linestyle="--" if causal else "-", marker="s" if causal else "o",
+                     color=colours.get(impl), label=label)
+        axes[0].plot([p[0] for p in pts], [p[1] for p in pts], **style)
+        axes[1].plot([p[0] for p in pts], [max(p[2], 0.1) for p in pts], **style)
     for ax, title in zip(axes, ("forward+backward time (s)", "peak memory above start (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
