@@ -64,7 +64,7 @@ static inline int ff_thread_id(void)
 }
 
 /* Run-time choice between code compiled for x86-64 levels 2 (baseline), 3 (AVX2, FMA)
- * and 4 (AVX-512): dense.inc and trig.inc compile their hot loops for each.
+ * and 4 (AVX-512): trig.inc compiles its loop for each, dense.inc for levels 2 and 3.
  * FF_NO_CLONES builds the baseline only. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && (__GNUC__ >= 11) && \
     !defined(FF_NO_CLONES)
