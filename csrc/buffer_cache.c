@@ -25,6 +25,9 @@ static void cache_lock(void) {}
 static void cache_unlock(void) {}
 #endif
 
+void ff_buffer_cache_lock(void) { cache_lock(); }
+void ff_buffer_cache_unlock(void) { cache_unlock(); }
+
 typedef struct {
     void *ptr;
     size_t size;

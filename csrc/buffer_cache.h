@@ -23,6 +23,11 @@ void *ff_buffer_realloc(void *ptr, size_t size);
  * bound (evicting the oldest blocks), freed otherwise. */
 void ff_buffer_free(void *ptr, size_t size);
 
+/* Hold and release the cache's lock: for fork handlers (taken before fork(), released in
+ * parent and child), so a child never inherits the table half-updated or the lock held. */
+void ff_buffer_cache_lock(void);
+void ff_buffer_cache_unlock(void);
+
 /* Set the bound in bytes (0: cache nothing), freeing cached blocks beyond it. */
 void ff_buffer_cache_set_limit(size_t bytes);
 typedef struct {

@@ -15,11 +15,18 @@ static int requested_threads = 0; /* 0: the OpenMP default */
 
 /* GNU OpenMP's thread pool does not survive fork(): a child forked after the kernels ran
  * (multiprocessing's default start method on Linux) would wait forever for pool threads
- * that no longer exist. Children therefore run the kernels on one thread. */
-#if defined(_OPENMP) && !defined(_WIN32)
+ * that no longer exist. Children therefore run the kernels on one thread. The block
+ * cache's lock is held across fork() so that a child gets a consistent, unlocked table. */
+#if !defined(_WIN32)
 #include <pthread.h>
 static volatile int forked_child = 0;
-static void mark_forked_child(void) { forked_child = 1; }
+static void after_fork_in_child(void)
+{
+    forked_child = 1;
+    ff_buffer_cache_unlock();
+}
+#endif
+#if defined(_OPENMP) && !defined(_WIN32)
 #define KERNEL_THREADS() (forked_child ? 1 : requested_threads)
 #else
 #define KERNEL_THREADS() requested_threads
@@ -833,8 +840,8 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_C",
 PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
-#if defined(_OPENMP) && !defined(_WIN32)
-    pthread_atfork(NULL, NULL, mark_forked_child);
+#if !defined(_WIN32)
+    pthread_atfork(ff_buffer_cache_lock, ff_buffer_cache_unlock, after_fork_in_child);
 #endif
     /* never freed: arrays made with the handler keep a reference to it */
     buffer_handler_capsule = PyCapsule_New(&buffer_handler, "mem_handler", NULL);

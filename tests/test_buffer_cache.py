@@ -109,3 +109,32 @@ def test_bound_from_the_environment(tmp_path):
     assert run("16").stdout.strip() == str(16 * 2 ** 20)
     bad = run("lots")
     assert bad.returncode != 0 and "FLEXFORMER_BUFFER_CACHE_MIB='lots'" in bad.stderr
+
+
+def _child_checksum():
+    q, k, v, p = _inputs()
+    return float(ff.flex_n_attention(q, k, v, *p).sum())
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+def test_fork_while_another_thread_uses_the_cache():
+    """The cache's lock is held across fork(), so a child never inherits it taken."""
+    import multiprocessing as mp
+    q, k, v, p = _inputs()
+    want = _child_checksum()
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            ff.flex_n_attention(q, k, v, *p)
+
+    worker = threading.Thread(target=hammer)
+    worker.start()
+    try:
+        ctx = mp.get_context("fork")
+        for _ in range(4):
+            with ctx.Pool(1) as pool:
+                assert pool.apply_async(_child_checksum).get(timeout=120) == pytest.approx(want, rel=1e-6)
+    finally:
+        stop.set()
+        worker.join()
