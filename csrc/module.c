@@ -456,11 +456,14 @@ static void restore_handler(PyObject *old)
 {
     if (!old)
         return;
+    PyObject *type, *value, *traceback; /* an allocation error may be pending: keep it */
+    PyErr_Fetch(&type, &value, &traceback);
     PyObject *ours = PyDataMem_SetHandler(old);
     if (!ours)
         PyErr_Clear();
     Py_XDECREF(ours);
     Py_DECREF(old);
+    PyErr_Restore(type, value, traceback);
 }
 
 #define DATA(a) ((a) ? PyArray_DATA(a) : NULL)
@@ -793,7 +796,8 @@ static PyObject *py_set_buffer_cache(PyObject *self, PyObject *arg)
         PyErr_Format(PyExc_ValueError, "mib must be a number from 0 to 1048576, got %R", arg);
         return NULL;
     }
-    ff_buffer_cache_set_limit((size_t)(mib * 1048576.0));
+    const double bytes = mib * 1048576.0;
+    ff_buffer_cache_set_limit(bytes >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes);
     Py_RETURN_NONE;
 }
 
