@@ -446,7 +446,7 @@ static PyObject *buffer_handler_capsule = NULL; /* set at import */
  * new reference, or NULL when setting failed: then nothing changes) is restored after. */
 static PyObject *use_buffer_handler(void)
 {
-    PyObject *old = buffer_handler_capsule ? PyDataMem_SetHandler(buffer_handler_capsule) : NULL;
+    PyObject *old = PyDataMem_SetHandler(buffer_handler_capsule); /* made at import */
     if (!old)
         PyErr_Clear();
     return old;

@@ -69,9 +69,7 @@ def set_buffer_cache(mib: float) -> None:
     """
     if isinstance(mib, bool) or not isinstance(mib, (int, float, np.integer, np.floating)):
         raise TypeError(f"mib must be a number, got {type(mib).__name__}")
-    if not 0 <= float(mib) <= 1048576:
-        raise ValueError(f"mib must be from 0 to 1048576, got {mib}")
-    _C.set_buffer_cache(float(mib))
+    _C.set_buffer_cache(float(mib))  # the range (0 to 1048576) is checked there
 
 
 def _buffer_cache_from_environment() -> None:

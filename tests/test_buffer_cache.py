@@ -1,6 +1,10 @@
 """The block cache behind output arrays and kernel workspaces (csrc/buffer_cache.c):
 reused memory must never be shared by live arrays, results must not change, and the
 bound must hold."""
+import multiprocessing as mp
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -99,12 +103,10 @@ def test_bad_bounds(bad, exc):
         ff.set_buffer_cache(bad)
 
 
-def test_bound_from_the_environment(tmp_path):
-    import subprocess
-    import sys
+def test_bound_from_the_environment():
     code = "import flexformer as ff; print(ff.buffer_cache_info()['limit'])"
     run = lambda value: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                       env={**__import__("os").environ, "FLEXFORMER_BUFFER_CACHE_MIB": value})
+                                       env={**os.environ, "FLEXFORMER_BUFFER_CACHE_MIB": value})
     assert run("0").stdout.strip() == "0"
     assert run("16").stdout.strip() == str(16 * 2 ** 20)
     bad = run("lots")
@@ -116,10 +118,9 @@ def _child_checksum():
     return float(ff.flex_n_attention(q, k, v, *p).sum())
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_fork_while_another_thread_uses_the_cache():
     """The cache's lock is held across fork(), so a child never inherits it taken."""
-    import multiprocessing as mp
     q, k, v, p = _inputs()
     want = _child_checksum()
     stop = threading.Event()
