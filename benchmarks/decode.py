@@ -21,10 +21,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import flexformer as ff  # noqa: E402
-from flexformer.recurrent import KVCacheState, RecurrentAttention  # noqa: E402
+import flexformer as ff
+from flexformer.recurrent import KVCacheState, RecurrentAttention
 
 B, H, D, M = 1, 8, 64, 64
 

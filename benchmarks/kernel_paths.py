@@ -60,9 +60,9 @@ def build(flags: str, dest: str) -> None:
     subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", dest,
                     "--build-temp", os.path.join(dest, "tmp"), "--force"],
                    cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for name in os.listdir(os.path.join(ROOT, "flexformer")):
+    for name in os.listdir(os.path.join(ROOT, "src", "flexformer")):
         if name.endswith(".py"):
-            shutil.copy(os.path.join(ROOT, "flexformer", name), os.path.join(dest, "flexformer", name))
+            shutil.copy(os.path.join(ROOT, "src", "flexformer", name), os.path.join(dest, "flexformer", name))
 
 
 def main() -> int:

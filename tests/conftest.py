@@ -17,8 +17,10 @@ def make_inputs(B=2, H=3, Nq=20, Nk=None, d=5, e=4, m=6, *, dtype=np.float64, se
     k = (rng.standard_normal((B, H, Nk, d)) * scale).astype(dtype)
     v = rng.standard_normal((B, H, Nk, e)).astype(dtype)
     heads = max(H, 1)  # the initialisers want H >= 1; slice back for H = 0
-    omega = ff.init.flex_s_omega(heads, m, d, rng=rng, dtype=dtype)[:H]
-    o1, o2, tau = (a[:H] for a in ff.init.flex_n_params(heads, m, d, rng=rng, dtype=dtype))
+    # the unbiased softmax starting point (bandwidth 1, A = B): the widest frequencies, so
+    # the guard and the stabiliser are exercised
+    omega = ff.init.flex_s_omega(heads, m, d, rng=rng, scale=1.0, dtype=dtype)[:H]
+    o1, o2, tau = (a[:H] for a in ff.init.flex_n_params(heads, m, d, rng=rng, symmetric=True, dtype=dtype))
     if perturb:
         o2 = (o2 + 0.3 * rng.standard_normal(o2.shape)).astype(dtype)
         tau = (tau + 0.25 * rng.standard_normal(tau.shape)).astype(dtype)

@@ -140,6 +140,6 @@ def test_init_estimates_softmax_attention(orthogonal):
     exact = ref.softmax_attention(q, k, v)
     errs = []
     for m in (16, 4096):
-        omega = ff.init.flex_s_omega(1, m, d, rng=12, orthogonal=orthogonal)
+        omega = ff.init.flex_s_omega(1, m, d, rng=12, orthogonal=orthogonal, scale=1.0)  # the unbiased start
         errs.append(np.abs(ff.flex_s_attention(q, k, v, omega) - exact).max())
     assert errs[1] < 0.05 and errs[1] < errs[0] / 4

@@ -33,10 +33,13 @@ def test_seeds_and_generators():
     b = ff.init.flex_s_omega(2, 4, 3, rng=np.random.default_rng(5))
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, ff.init.flex_s_omega(2, 4, 3, rng=6))
-    o1, o2, tau = ff.init.flex_n_params(3, 4, 9, rng=5, dtype=np.float32)
+    o1, o2, tau = ff.init.flex_n_params(3, 4, 9, rng=5, dtype=np.float32, symmetric=True)
     np.testing.assert_array_equal(o1, o2)
     assert o1.dtype == tau.dtype == np.float32 and tau.shape == (3,)
     np.testing.assert_allclose(tau, np.log(2 * 3.0))
+    o1, o2, tau = ff.init.flex_n_params(3, 4, 9, rng=5, dtype=np.float32)  # the default start
+    assert not np.array_equal(o1, o2)
+    np.testing.assert_allclose(tau, np.log(2 * 3.0 / ff.init.DEFAULT_SCALE ** 2), rtol=1e-6)
     with pytest.raises(ValueError, match="num_features"):
         ff.init.flex_s_omega(2, 0, 3)
     with pytest.raises(TypeError, match="rng"):

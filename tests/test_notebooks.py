@@ -9,9 +9,10 @@ import pytest
 NOTEBOOKS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks", "*.ipynb")))
 
 
-def test_the_four_notebooks_exist():
+def test_the_notebooks_exist():
     names = [os.path.basename(p) for p in NOTEBOOKS]
-    assert names == ["01_quickstart.ipynb", "02_learned_kernels.ipynb", "03_scaling.ipynb", "04_distillation.ipynb"]
+    assert names == ["01_quickstart.ipynb", "02_learned_kernels.ipynb", "03_scaling.ipynb", "04_distillation.ipynb",
+                     "05_diagnostics.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)

@@ -11,7 +11,16 @@ import os
 
 import numpy as np
 
-from . import _C
+try:
+    from . import _C
+except ImportError:
+    _here = os.path.dirname(os.path.abspath(__file__))
+    if any(name.startswith("_C.") for name in os.listdir(_here)):
+        raise  # built but not loadable: the loader's own message says why
+    _src = os.path.dirname(os.path.dirname(_here))
+    raise ImportError(f"flexformer's C extension is not built in {_here}: run `pip install {_src}` (or "
+                      f"`pip install -e {_src}` to work on it) and import flexformer from outside "
+                      f"that folder") from None
 from . import data, init, nn, recurrent, reference, testing, training
 from .attention import (
     DEFAULT_EPS,

@@ -15,7 +15,8 @@ from .core import Embedding, LayerNorm, Linear, Module, Parameter, PositionalEnc
 class _Backbone(Module):
     def __init__(self, vocab: int, dim: int, depth: int, heads: int, max_len: int, attention: str,
                  rng: np.random.Generator, *, causal: bool, positional: str, mlp_ratio: int,
-                 num_features: Optional[int], linformer_sharing: str, dtype):
+                 num_features: Optional[int], linformer_sharing: str, kernel_init, dtype, eps=None,
+                 qk_norm=False):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
@@ -25,7 +26,8 @@ class _Backbone(Module):
         shared: Dict[str, Parameter] = {}
         self.blocks = [self.add_child(f"blocks.{i}", Block(
             dim, heads, attention, rng, mlp_ratio=mlp_ratio, dtype=dtype, causal=causal, max_len=max_len,
-            num_features=num_features, linformer_sharing=linformer_sharing, shared=shared))
+            num_features=num_features, linformer_sharing=linformer_sharing, shared=shared,
+            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm))
             for i in range(depth)]
         self.norm = self.add_child("norm", LayerNorm(dim, dtype=dtype))
 
@@ -86,6 +88,14 @@ class EncoderClassifier(Module):
     num_features : int, optional
         m (feature maps) or kp (Linformer).
     linformer_sharing : {"none", "headwise", "key-value", "layerwise"}
+    kernel_init : dict, optional
+        Initialisation options for the attention kind (``scale`` of the trig kinds,
+        ``spread`` of flex_n; see :mod:`flexformer.init`); ignored by kinds without them.
+    eps : float, optional
+        The linear kinds' denominator guard (default ``flexformer.DEFAULT_EPS``).
+    qk_norm : bool
+        Queries and keys scaled to a learned length per head before the kernel
+        (:class:`flexformer.nn.MultiHeadAttention`).
     rng : seed or Generator
     dtype : float32 or float64
     """
@@ -93,12 +103,14 @@ class EncoderClassifier(Module):
     def __init__(self, vocab: int, num_classes: int, *, dim: int = 64, depth: int = 2, heads: int = 4,
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned",
                  mlp_ratio: int = 4, num_features: Optional[int] = None, linformer_sharing: str = "none",
-                 rng: RngLike = 0, dtype=np.float32):
+                 kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
+                 qk_norm: bool = False, rng: RngLike = 0, dtype=np.float32):
         super().__init__()
         gen = as_generator(rng)
         self.backbone = self.add_child("backbone", _Backbone(
             vocab, dim, depth, heads, max_len, attention, gen, causal=False, positional=positional,
-            mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing=linformer_sharing, dtype=dtype))
+            mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing=linformer_sharing,
+            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm, dtype=dtype))
         self.head = self.add_child("head", Linear(dim, num_classes, gen, dtype=dtype))
 
     def forward(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
@@ -115,16 +127,20 @@ class EncoderClassifier(Module):
 
 
 class CausalLM(Module):
-    """Tokens (B, N) -> next-token logits (B, N, vocab) with causal attention."""
+    """Tokens (B, N) -> next-token logits (B, N, vocab) with causal attention; the
+    parameters are those of :class:`EncoderClassifier` (no Linformer, which has no
+    causal mode)."""
 
     def __init__(self, vocab: int, *, dim: int = 64, depth: int = 2, heads: int = 4, max_len: int = 512,
                  attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
-                 num_features: Optional[int] = None, rng: RngLike = 0, dtype=np.float32):
+                 num_features: Optional[int] = None, kernel_init: Optional[Dict[str, object]] = None,
+                 eps: Optional[float] = None, qk_norm: bool = False, rng: RngLike = 0, dtype=np.float32):
         super().__init__()
         gen = as_generator(rng)
         self.backbone = self.add_child("backbone", _Backbone(
             vocab, dim, depth, heads, max_len, attention, gen, causal=True, positional=positional,
-            mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing="none", dtype=dtype))
+            mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing="none", kernel_init=kernel_init,
+            eps=eps, qk_norm=qk_norm, dtype=dtype))
         self.head = self.add_child("head", Linear(dim, vocab, gen, dtype=dtype))
 
     def forward(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:

@@ -33,6 +33,7 @@ from .. import set_num_threads
 from ..training import TrainConfig
 from ..training.loop import batch_for, build_data, build_model
 from ..training.optim import lr_at
+from ..__main__ import kernel_init_args
 from .nn import load_numpy_parameters, model_for_config, save_numpy_checkpoint
 
 
@@ -60,6 +61,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
     p.add_argument("--threads", type=int, default=0, help="threads per process (default: cores / processes)")
     p.add_argument("--backend", default="auto", help="attention backend: auto, c or torch")
+    kernel_init_args(p)
     p.add_argument("--out", default=None, help="run folder (default runs/torch-TASK-ATTENTION-TIME)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
@@ -108,7 +110,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                       num_features=args.features, positional=args.positional, seq_len=args.seq_len,
                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
                       warmup=args.warmup, clip=args.clip, seed=args.seed, data_dir=args.data_dir,
-                      eval_batches=args.eval_batches, dtype=args.dtype, threads=threads)
+                      eval_batches=args.eval_batches, dtype=args.dtype, threads=threads,
+                      kernel_init_scale=args.kernel_init_scale, kernel_init_spread=args.kernel_init_spread)
     try:
         cfg.validate()
         if cfg.batch_size % world:

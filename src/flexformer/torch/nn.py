@@ -109,7 +109,8 @@ class MultiHeadAttention(nn.Module):
     only; its shared variants stay in the NumPy model)."""
 
     def __init__(self, dim: int, num_heads: int, attention_kind: str, *, causal: bool = False, max_len: int = 512,
-                 num_features: Optional[int] = None, rng=0, dtype=torch.float32, backend: str = "auto"):
+                 num_features: Optional[int] = None, kernel_init: Optional[dict] = None, rng=0,
+                 dtype=torch.float32, backend: str = "auto"):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
@@ -117,8 +118,10 @@ class MultiHeadAttention(nn.Module):
         for name in ("q", "k", "v", "o"):
             setattr(self, name, Linear(dim, dim, dtype=dtype))
         np_dtype = np.float64 if dtype == torch.float64 else np.float32
-        init = get_attention(attention_kind).init(num_heads, self.dh, num_features=num_features, max_len=max_len,
-                                                  rng=rng, dtype=np_dtype)
+        spec = get_attention(attention_kind)
+        options = {k: v for k, v in (kernel_init or {}).items() if k in spec.init_options}
+        init = spec.init(num_heads, self.dh, num_features=num_features, max_len=max_len, rng=rng, dtype=np_dtype,
+                         **options)
         self.attn = KernelParams(attention_kind, init)
 
     def _split(self, x):
@@ -151,14 +154,15 @@ class Block(nn.Module):
 
 class Backbone(nn.Module):
     def __init__(self, vocab, dim, depth, heads, max_len, attention_kind, *, causal, positional, mlp_ratio,
-                 num_features, dtype, backend):
+                 num_features, dtype, backend, kernel_init=None):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
         self.embed = Embedding(vocab, dim, dtype=dtype)
         self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", dtype=dtype)
         self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, dtype=dtype, causal=causal,
-                                           max_len=max_len, num_features=num_features, rng=i, backend=backend)
+                                           max_len=max_len, num_features=num_features, kernel_init=kernel_init, rng=i,
+                                           backend=backend)
                                      for i in range(depth)])
         self.norm = LayerNorm(dim, dtype=dtype)
 
@@ -174,10 +178,12 @@ class _Model(nn.Module):
 
     def __init__(self, vocab: int, out_dim: int, causal: bool, *, dim: int = 64, depth: int = 2, heads: int = 4,
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
-                 num_features: Optional[int] = None, dtype=torch.float32, backend: str = "auto"):
+                 num_features: Optional[int] = None, kernel_init: Optional[dict] = None, dtype=torch.float32,
+                 backend: str = "auto"):
         super().__init__()
         self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=causal, positional=positional,
-                                 mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend)
+                                 mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend,
+                                 kernel_init=kernel_init)
         self.head = Linear(dim, out_dim, dtype=dtype)
 
 
@@ -211,9 +217,15 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     if cfg.linformer_sharing != "none":
         raise ValueError("the torch models support Linformer with per-head projections only "
                          f"(linformer_sharing 'none'), got {cfg.linformer_sharing!r}")
+    if getattr(cfg, "qk_norm", False):
+        raise ValueError("the torch models have no qk_norm option; this configuration sets it")
+    if getattr(cfg, "attention_eps", None) is not None:
+        raise ValueError(f"the torch models use the default denominator guard; this configuration sets "
+                         f"attention_eps {cfg.attention_eps}")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
-                  positional=cfg.positional, num_features=cfg.num_features, dtype=dtype, backend=backend)
+                  positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
+                  dtype=dtype, backend=backend)
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     return EncoderClassifier(vocab, num_classes, **common)

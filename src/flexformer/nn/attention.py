@@ -5,6 +5,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ..attention import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
 from .core import MLP, LayerNorm, Linear, Module, Parameter
@@ -32,12 +33,25 @@ class MultiHeadAttention(Module):
         E and F; or (with ``shared``) one array for every layer.
     shared : dict, optional
         Parameters shared across layers (layerwise Linformer sharing).
+    eps : float, optional
+        The denominator guard of the linear kinds (default ``flexformer.DEFAULT_EPS``);
+        ignored by softmax and Linformer.
+    qk_norm : bool
+        Scale every query and key to the same learned length per head before the kernel:
+        q' = e^g q / |q|, k' = e^g k / |k|, with g (H,) learned (``attn.qk_log_scale``,
+        starting at log sqrt(head size), so |q'|^2 = head size). Bounds |q' - k'|, and so the
+        random-feature kernels' noise, whatever the projections do (as RFA does).
+    kernel_init : dict, optional
+        Initialisation options of the kind (``AttentionKind.init_options``, e.g.
+        ``{"scale": 0.3, "spread": 0.3}``); options the kind does not take are ignored, so
+        one dict serves every kind.
     """
 
     def __init__(self, dim: int, num_heads: int, attention: str, rng: np.random.Generator, *,
                  causal: bool = False, max_len: int = 512, num_features: Optional[int] = None,
                  linformer_sharing: str = "none", shared: Optional[Dict[str, Parameter]] = None,
-                 dtype=np.float32):
+                 kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
+                 qk_norm: bool = False, dtype=np.float32):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
@@ -53,8 +67,9 @@ class MultiHeadAttention(Module):
         self.k = self.add_child("k", Linear(dim, dim, rng, dtype=dtype))
         self.v = self.add_child("v", Linear(dim, dim, rng, dtype=dtype))
         self.o = self.add_child("o", Linear(dim, dim, rng, dtype=dtype))
+        options = {k: v for k, v in (kernel_init or {}).items() if k in self.kind.init_options}
         init = self.kind.init(num_heads, self.dh, num_features=num_features, max_len=max_len, rng=rng,
-                              dtype=dtype)
+                              dtype=dtype, **options)
         self.sharing = linformer_sharing if attention == "linformer" else "none"
         if self.sharing != "none":
             E = init["E"][0]  # (kp, Nmax): one pair for all heads
@@ -73,6 +88,11 @@ class MultiHeadAttention(Module):
             self.kernel[name] = self.add_param("attn." + name, value, kind="kernel",
                                                trainable=name in self.kind.learnable)
         self._mask = None
+        self.eps = eps if self.kind.key_state else None
+        self.qk_scale = None
+        if qk_norm:
+            self.qk_scale = self.add_param("attn.qk_log_scale", np.full(num_heads, 0.5 * np.log(self.dh), dtype),
+                                           kind="kernel")
 
     def _kernel_values(self) -> Dict[str, np.ndarray]:
         if self.sharing in ("key-value", "layerwise"):
@@ -88,27 +108,68 @@ class MultiHeadAttention(Module):
         B, H, N, dh = x.shape
         return x.transpose(0, 2, 1, 3).reshape(B, N, H * dh)
 
+    def _normalise(self, x: np.ndarray):
+        """(x', |x|) with x' = e^g x / |x| per head (qk_norm), or (x, None)."""
+        if self.qk_scale is None:
+            return x, None
+        norm = np.sqrt((x * x).sum(-1, keepdims=True))
+        norm = np.maximum(norm, np.finfo(x.dtype).tiny)
+        gain = np.exp(self.qk_scale.value).astype(x.dtype)[None, :, None, None]
+        return np.ascontiguousarray(x * (gain / norm)), norm
+
+    def _normalise_backward(self, dy: np.ndarray, y: np.ndarray, norm: np.ndarray) -> np.ndarray:
+        """dx for y = e^g x / |x|, adding dg = sum dy.y to the scale's gradient."""
+        if self.qk_scale is None:
+            return dy
+        self.qk_scale.grad += (dy * y).sum(axis=(0, 2, 3)).astype(self.qk_scale.grad.dtype)
+        gain = np.exp(self.qk_scale.value).astype(y.dtype)[None, :, None, None]
+        unit = y / gain
+        return (gain / norm) * (dy - unit * (unit * dy).sum(-1, keepdims=True))
+
+    def _project(self, x: np.ndarray):
+        q, k, v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
+        (q, qn), (k, kn) = self._normalise(q), self._normalise(k)
+        return q, k, v, qn, kn
+
     def forward(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
-        self._q, self._k, self._v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
+        self._q, self._k, self._v, self._qn, self._kn = self._project(x)
         self._mask = key_mask
         self._key_state = None
-        if self.kind.key_state and not self.causal:  # kept for the backward: it skips the key pass
-            out, self._key_state = self.kind.forward(self._q, self._k, self._v, self._kernel_values(),
-                                                     key_mask=key_mask, return_key_state=True)
+        self.guard_count = None
+        if self.kind.key_state:  # linear kinds: the guard count comes with the output
+            res = self.kind.forward(self._q, self._k, self._v, self._kernel_values(), causal=self.causal,
+                                    key_mask=key_mask, return_guard_count=True, eps=self.eps,
+                                    return_key_state=not self.causal)  # the backward skips the key pass
+            out, self.guard_count = res[0], res[1]
+            if not self.causal:
+                self._key_state = res[2]
         else:
             out = self.kind.forward(self._q, self._k, self._v, self._kernel_values(), causal=self.causal,
                                     key_mask=key_mask)
         return self.o.forward(self._merge(out))
 
+    def diagnostics(self, *, rows: int = 32) -> dict:
+        """Kernel diagnostics of the last forward call (:func:`flexformer.diagnostics.layer_diagnostics`)."""
+        from ..diagnostics import layer_diagnostics
+
+        if getattr(self, "_q", None) is None:
+            raise RuntimeError("diagnostics need a forward call first")
+        return layer_diagnostics(self.kind.name, self._q, self._k, self._kernel_values(), causal=self.causal,
+                                 key_mask=self._mask, guard_count=self.guard_count, rows=rows,
+                                 eps=self.eps if self.eps is not None else DEFAULT_EPS)
+
     def backward(self, dy: np.ndarray) -> np.ndarray:
         dout = self._split(self.o.backward(dy))
         dq, dk, dv, grads = self.kind.backward(dout, self._q, self._k, self._v, self._kernel_values(),
-                                               causal=self.causal, key_mask=self._mask, key_state=self._key_state)
+                                               causal=self.causal, key_mask=self._mask, key_state=self._key_state,
+                                               eps=self.eps)
         if self.sharing in ("key-value", "layerwise"):
             self.kernel["E"].grad += grads["E"] + grads["F"]
         else:
             for name, g in grads.items():
                 self.kernel[name].grad += g
+        dq = self._normalise_backward(dq, self._q, self._qn)
+        dk = self._normalise_backward(dk, self._k, self._kn)
         dx = self.q.backward(self._merge(dq))
         dx = dx + self.k.backward(self._merge(dk))
         return dx + self.v.backward(self._merge(dv))
@@ -119,17 +180,18 @@ class MultiHeadAttention(Module):
         """This layer's attention as a recurrence (causal layers only)."""
         if not self.causal:
             raise ValueError("recurrent decoding needs a causal attention layer")
-        return RecurrentAttention(self.kind.name, self._kernel_values())
+        extra = {} if self.eps is None else {"eps": self.eps}
+        return RecurrentAttention(self.kind.name, self._kernel_values(), **extra)
 
     def prefill(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None):
         """(y, state): the causal forward of x (B, T, dim) and the state after it."""
-        q, k, v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
+        q, k, v, _, _ = self._project(x)
         out, state = self.recurrent().prefill(q, k, v, key_mask)
         return self.o.forward(self._merge(out)), state
 
     def step(self, x: np.ndarray, state: State, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Outputs for T new positions x (B, T, dim), advancing ``state`` in place."""
-        q, k, v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
+        q, k, v, _, _ = self._project(x)
         return self.o.forward(self._merge(self.recurrent().step(state, q, k, v, key_mask)))
 
 

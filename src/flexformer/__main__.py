@@ -96,6 +96,30 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="data folder (fmnist, text-lm, text-cls)")
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    kernel_init_args(p)
+    p.add_argument("--kernel-lr-scale", type=float, default=d.kernel_lr_scale,
+                   help=f"learning-rate multiplier for the attention-kernel parameters (default {d.kernel_lr_scale})")
+    p.add_argument("--attention-eps", type=float, default=None,
+                   help="denominator guard of the linear kinds (default flexformer.DEFAULT_EPS = 1e-4)")
+    p.add_argument("--qk-norm", action="store_true",
+                   help="scale queries and keys to a learned length per head before the kernel")
+    p.add_argument("--diagnostics-every", type=int, default=d.diagnostics_every,
+                   help=f"steps between per-layer kernel diagnostics in diagnostics.jsonl; 0 = off "
+                        f"(default {d.diagnostics_every})")
+
+
+def kernel_init_args(p: argparse.ArgumentParser) -> None:
+    """The attention kernel's initialisation options (shared with the torch trainer)."""
+    from .init import DEFAULT_SCALE, DEFAULT_SPREAD
+
+    p.add_argument("--kernel-init-scale", type=float, default=DEFAULT_SCALE,
+                   help="bandwidth scale s of the initial frequencies of flex_s, flex_n and rfa: rows "
+                        f"~ N(0, s^2 I / sqrt d); 1 = the unbiased softmax estimate (default {DEFAULT_SCALE})")
+    p.add_argument("--kernel-init-spread", type=float, default=DEFAULT_SPREAD,
+                   help="spread r in [0, 1] between flex_n's initial omega1 and omega2; 0 = equal "
+                        f"(default {DEFAULT_SPREAD})")
+    p.add_argument("--kernel-init-fixed-tau", action="store_true",
+                   help="keep flex_n's initial tau at log(2 sqrt d) instead of log(2 sqrt d / s^2)")
 
 
 def _config_from(args):
@@ -107,7 +131,11 @@ def _config_from(args):
                        batch_size=args.batch_size, lr=args.lr,
                        weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
                        threads=args.threads, data_dir=args.data_dir, eval_batches=args.eval_batches,
-                       checkpoint_every=args.checkpoint_every)
+                       checkpoint_every=args.checkpoint_every, kernel_init_scale=args.kernel_init_scale,
+                       kernel_init_spread=args.kernel_init_spread,
+                       kernel_init_match_tau=not args.kernel_init_fixed_tau, diagnostics_every=args.diagnostics_every,
+                       kernel_lr_scale=args.kernel_lr_scale, attention_eps=args.attention_eps,
+                       qk_norm=args.qk_norm)
 
 
 def train_command(args) -> int:

@@ -53,42 +53,68 @@ class AttentionKind:
     _backward: Callable = field(repr=False)
     #: the bidirectional forward can hand its key state to the backward (linear kinds)
     key_state: bool = False
+    #: keyword options of :meth:`init` beyond the sizes (e.g. the trig kinds' ``scale``)
+    init_options: Tuple[str, ...] = ()
 
     def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
-             max_len: Optional[int] = None, rng=None, dtype=np.float64) -> Params:
+             max_len: Optional[int] = None, rng=None, dtype=np.float64, **options) -> Params:
         """Initial parameters. ``num_features`` is m (default head_dim) for the feature-map
-        kinds and kp (default 64) for Linformer; ``max_len`` is Linformer's Nmax (needed)."""
-        return self._init(num_heads, head_dim, num_features, max_len, rng, dtype)
+        kinds and kp (default 64) for Linformer; ``max_len`` is Linformer's Nmax (needed).
+        ``options`` are the kind's own (``init_options``): ``scale`` for flex_s and rfa
+        (:func:`flexformer.init.flex_s_omega`), ``scale``, ``spread``, ``match_tau`` and
+        ``symmetric`` for flex_n (:func:`flexformer.init.flex_n_params`)."""
+        unknown = sorted(set(options) - set(self.init_options))
+        if unknown:
+            takes = ", ".join(self.init_options) or "no options"
+            raise ValueError(f"{self.name}.init: unknown option(s) {', '.join(unknown)}; it takes {takes}")
+        return self._init(num_heads, head_dim, num_features, max_len, rng, dtype, **options)
 
     def forward(self, q, k, v, params: Params, *, causal: bool = False, key_mask=None,
-                return_key_state: bool = False):
-        """The attention output (B, H, Nq, e); with ``return_key_state`` (kinds with
-        ``key_state``, bidirectional) ``(out, state)`` for :meth:`backward`."""
+                return_key_state: bool = False, return_guard_count: bool = False, eps: Optional[float] = None):
+        """The attention output (B, H, Nq, e). With ``return_guard_count`` (the linear kinds,
+        ``key_state``) also the rows per (batch, head) on the denominator guard; with
+        ``return_key_state`` (the same kinds, bidirectional) the key state for
+        :meth:`backward`, last: ``out``, then the count, then the state. ``eps`` is the
+        linear kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`)."""
+        kw = self._eps_option(eps)
         if return_key_state:
             if not self.key_state or causal:
                 raise ValueError(f"{self.name}: a key state exists for the bidirectional linear kinds only")
-            return self._forward(q, k, v, params, causal, key_mask, return_key_state=True)
-        return self._forward(q, k, v, params, causal, key_mask)
+            kw["return_key_state"] = True
+        if return_guard_count:
+            if not self.key_state:
+                raise ValueError(f"{self.name}: only the linear kinds have a denominator guard to count")
+            kw["return_guard_count"] = True
+        return self._forward(q, k, v, params, causal, key_mask, **kw)
 
     def backward(self, dout, q, k, v, params: Params, *, causal: bool = False, key_mask=None,
-                 key_state=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+                 key_state=None, eps: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
         """``(dq, dk, dv, dparams)`` with dparams keyed by the learnable names; ``key_state``
-        from :meth:`forward` on the same inputs skips the key pass."""
-        extra = {} if key_state is None else {"key_state": key_state}
+        from :meth:`forward` on the same inputs skips the key pass; ``eps`` as in :meth:`forward`."""
+        extra = self._eps_option(eps)
+        if key_state is not None:
+            extra["key_state"] = key_state
         dq, dk, dv, *grads = self._backward(dout, q, k, v, params, causal, key_mask, **extra)
         return dq, dk, dv, dict(zip(self.learnable, grads))
+
+    def _eps_option(self, eps: Optional[float]) -> dict:
+        if eps is None:
+            return {}
+        if not self.key_state:
+            raise ValueError(f"{self.name}: eps is the linear kinds' denominator guard; this kind has none")
+        return {"eps": eps}
 
 
 def _m(head_dim, num_features):
     return head_dim if num_features is None else num_features
 
 
-def _flex_s_init(H, d, m, L, rng, dtype):
-    return {"omega": initialisers.flex_s_omega(H, _m(d, m), d, rng=rng, dtype=dtype)}
+def _flex_s_init(H, d, m, L, rng, dtype, **options):
+    return {"omega": initialisers.flex_s_omega(H, _m(d, m), d, rng=rng, dtype=dtype, **options)}
 
 
-def _flex_n_init(H, d, m, L, rng, dtype):
-    o1, o2, tau = initialisers.flex_n_params(H, _m(d, m), d, rng=rng, dtype=dtype)
+def _flex_n_init(H, d, m, L, rng, dtype, **options):
+    o1, o2, tau = initialisers.flex_n_params(H, _m(d, m), d, rng=rng, dtype=dtype, **options)
     return {"omega1": o1, "omega2": o2, "tau": tau}
 
 
@@ -140,7 +166,8 @@ _register(AttentionKind(
     True, True, "O(N m (d + e))", _flex_s_init,
     lambda q, k, v, p, c, mk, **kw: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
     lambda do, q, k, v, p, c, mk, **kw: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
-                                                                       key_mask=mk, **kw), key_state=True))
+                                                                       key_mask=mk, **kw), key_state=True,
+    init_options=("scale",)))
 _register(AttentionKind(
     "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale",
     ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), True, True, "O(N m (d + e))", _flex_n_init,
@@ -148,13 +175,14 @@ _register(AttentionKind(
                                                          causal=c, key_mask=mk, **kw),
     lambda do, q, k, v, p, c, mk, **kw: lin.flex_n_attention_backward(do, q, k, v, p["omega1"], p["omega2"],
                                                                       p["tau"], causal=c, key_mask=mk, **kw),
-    key_state=True))
+    key_state=True, init_options=("scale", "spread", "match_tau", "symmetric")))
 _register(AttentionKind(
     "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)",
     ("omega",), (), True, True, "O(N m (d + e))", _flex_s_init,
     lambda q, k, v, p, c, mk, **kw: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
     lambda do, q, k, v, p, c, mk, **kw: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
-                                                                      key_mask=mk, **kw)[:3], key_state=True))
+                                                                      key_mask=mk, **kw)[:3], key_state=True,
+    init_options=("scale",)))
 _register(AttentionKind(
     "performer", "Performer FAVOR+: fixed positive random features", ("omega",), (), True, True,
     "O(N m (d + e))",

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from .. import _C
+from ..init import DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
 from ..nn import CausalLM, EncoderClassifier, cross_entropy
 from ..registry import get_attention
 from . import checkpoint
@@ -48,6 +49,37 @@ class TrainConfig:
     eval_batches: int = 16
     checkpoint_every: int = 100
     dtype: str = "float32"
+    #: bandwidth scale of the trig kinds' initial frequencies (flex_s, flex_n, rfa)
+    kernel_init_scale: float = DEFAULT_SCALE
+    #: spread between flex_n's initial omega1 and omega2 (0 = equal)
+    kernel_init_spread: float = DEFAULT_SPREAD
+    #: flex_n's initial tau follows the scale (log(2 sqrt d / s^2)) or stays log(2 sqrt d)
+    kernel_init_match_tau: bool = True
+    #: steps between diagnostics records (diagnostics.jsonl); 0 = none
+    diagnostics_every: int = 50
+    #: learning-rate multiplier of the attention-kernel parameters
+    kernel_lr_scale: float = 1.0
+    #: the linear kinds' denominator guard (None: flexformer.DEFAULT_EPS)
+    attention_eps: Optional[float] = None
+    #: queries and keys scaled to a learned length per head before the kernel
+    qk_norm: bool = False
+
+    #: what a configuration saved before a field existed meant (checkpoints of earlier
+    #: versions load with the initialisation they were trained with)
+    LEGACY = {"kernel_init_scale": 1.0, "kernel_init_spread": 0.0, "kernel_init_match_tau": True,
+              "diagnostics_every": 0}
+
+    @classmethod
+    def from_saved(cls, saved: dict) -> "TrainConfig":
+        """The configuration stored in a checkpoint, with the earlier meaning of fields it lacks."""
+        if not isinstance(saved, dict):
+            raise TypeError(f"the saved configuration must be a dict, got {type(saved).__name__}")
+        return cls(**{**cls.LEGACY, **saved})
+
+    def kernel_init(self) -> dict:
+        """The attention kinds' initialisation options this configuration asks for."""
+        return {"scale": self.kernel_init_scale, "spread": self.kernel_init_spread,
+                "match_tau": bool(self.kernel_init_match_tau)}
 
     def validate(self) -> None:
         if self.task not in TASKS:
@@ -60,6 +92,17 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        try:
+            check_scale(self.kernel_init_scale)
+            check_spread(self.kernel_init_spread)
+        except ValueError as exc:
+            raise ValueError(f"kernel_init_{str(exc)}") from None
+        if not (math.isfinite(self.kernel_lr_scale) and self.kernel_lr_scale > 0):
+            raise ValueError(f"kernel_lr_scale must be a finite number > 0, got {self.kernel_lr_scale}")
+        if self.attention_eps is not None and not (math.isfinite(self.attention_eps) and self.attention_eps > 0):
+            raise ValueError(f"attention_eps must be a finite number > 0, got {self.attention_eps}")
+        if self.diagnostics_every < 0:
+            raise ValueError(f"diagnostics_every must be >= 0, got {self.diagnostics_every}")
 
 
 def build_data(cfg: TrainConfig):
@@ -85,8 +128,8 @@ def build_model(cfg: TrainConfig, data):
 def model_for_config(cfg: TrainConfig, vocab: int, num_classes: Optional[int], max_len: int):
     """The model a run with ``cfg`` trains, given the data's sizes (no data is read)."""
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
-                  positional=cfg.positional, num_features=cfg.num_features, rng=cfg.seed,
-                  dtype=np.dtype(cfg.dtype))
+                  positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
+                  eps=cfg.attention_eps, qk_norm=bool(cfg.qk_norm), rng=cfg.seed, dtype=np.dtype(cfg.dtype))
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     return EncoderClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
@@ -100,7 +143,7 @@ def load_model(path: str):
     ckpt = os.path.join(path, "checkpoint.npz") if os.path.isdir(path) else path
     params, _, meta = checkpoint.load(ckpt)
     try:
-        cfg = TrainConfig(**meta["config"])
+        cfg = TrainConfig.from_saved(meta["config"])
         vocab = params["backbone.embed.W"].shape[0]
         classes = params["head.W"].shape[1]
     except (KeyError, TypeError) as exc:
@@ -134,6 +177,22 @@ def loss_and_grad(cfg: TrainConfig, model, batch):
     logits = model.forward(ids, mask)
     loss, dlogits = cross_entropy(logits, labels)
     return loss, dlogits, int((logits.argmax(-1) == labels).sum()), int(mask.sum())
+
+
+def attention_diagnostics(model, *, rows: int = 32) -> list:
+    """Per-layer kernel diagnostics of the model's last forward call, one dict per block
+    (:func:`flexformer.diagnostics.layer_diagnostics`)."""
+    return [dict(layer=i, **block.attn.diagnostics(rows=rows)) for i, block in enumerate(model.backbone.blocks)]
+
+
+def summarise_diagnostics(layers: list) -> dict:
+    """Means over layers and heads of each per-head diagnostic."""
+    out = {}
+    for key in ("guard_fraction", "kernel_tv", "separation", "tau", "omega_row_norm", "omega1_row_norm"):
+        vals = [v for layer in layers for v in layer.get(key, [])]
+        if vals:
+            out[key] = float(np.mean(vals))
+    return out
 
 
 def evaluate(cfg: TrainConfig, model, data) -> dict:
@@ -198,7 +257,7 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
     start_step, saved = 0, None
     if resume:
         params, opt_state, meta = checkpoint.load(ckpt_path)
-        cfg = TrainConfig(**meta["config"])
+        cfg = TrainConfig.from_saved(meta["config"])
         start_step = int(meta["step"])
         saved = (params, opt_state)
     if steps is not None:
@@ -209,7 +268,7 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
     data = build_data(cfg)
     model = build_model(cfg, data)
     named = model.named_parameters()
-    opt = AdamW(named, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = AdamW(named, lr=cfg.lr, weight_decay=cfg.weight_decay, kernel_lr_scale=cfg.kernel_lr_scale)
     if saved:
         model.load_parameters(saved[0])
         opt.load_state(saved[1])
@@ -217,6 +276,19 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
     def write_checkpoint(step):
         checkpoint.save(ckpt_path, model.parameters(), opt.state(),
                         {"step": step, "config": dataclasses.asdict(cfg)})
+
+    diag_path = os.path.join(out_dir, "diagnostics.jsonl")
+    if not resume and os.path.exists(diag_path):
+        os.remove(diag_path)
+    last_diag = None
+
+    def record_diagnostics(step, loss):
+        nonlocal last_diag
+        layers = attention_diagnostics(model)
+        last_diag = {"step": step, "loss": float(loss), "summary": summarise_diagnostics(layers),
+                     "layers": layers}
+        with open(diag_path, "a") as fh:
+            fh.write(json.dumps(last_diag) + "\n")
 
     losses, tokens, start, step = [], 0, time.perf_counter(), start_step
     last_draw = 0.0
@@ -229,6 +301,8 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
             if not math.isfinite(loss):
                 reason = f"loss became {loss} at step {step}; stopped with the last good checkpoint kept"
                 break
+            if cfg.diagnostics_every and (step % cfg.diagnostics_every == 0 or step == cfg.steps - 1):
+                record_diagnostics(step, loss)  # of this step's forward, before its update
             model.backward(dlogits)
             norm = clip_global_norm(named, cfg.clip)
             if not math.isfinite(norm):
@@ -259,6 +333,8 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
                "tokens_per_s": tokens / wall if wall > 0 else None, "wall_s": wall,
                "params": model.num_parameters(), "seed": cfg.seed, "interrupted": stopped,
                "config": dataclasses.asdict(cfg)}
+    if last_diag is not None:
+        metrics["diagnostics"] = {"step": last_diag["step"], **last_diag["summary"]}
     if not stopped:
         metrics.update(evaluate(cfg, model, data))
     with open(os.path.join(out_dir, "metrics.json"), "w") as fh:

@@ -15,13 +15,18 @@ class AdamW:
     Weight decay is decoupled and skips parameters whose ``kind`` is in ``no_decay``
     (default: norms, biases and attention-kernel parameters such as the learned
     frequencies). Parameters with ``grad`` None (fixed arrays) are left alone.
+    ``kernel_lr_scale`` multiplies the learning rate of the attention-kernel parameters
+    (kind ``"kernel"``: frequencies, tau, Hedgehog's W, Linformer's projections).
     """
 
     def __init__(self, named: Sequence[Tuple[str, Parameter]], *, lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
-                 no_decay: Iterable[str] = ("bias", "norm", "kernel")):
+                 no_decay: Iterable[str] = ("bias", "norm", "kernel"), kernel_lr_scale: float = 1.0):
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
+        if not (np.isfinite(kernel_lr_scale) and kernel_lr_scale > 0):
+            raise ValueError(f"kernel_lr_scale must be a finite number > 0, got {kernel_lr_scale}")
+        self.kernel_lr_scale = float(kernel_lr_scale)
         self.params: List[Tuple[str, Parameter]] = [(n, p) for n, p in named if p.grad is not None]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.no_decay = tuple(no_decay)
@@ -44,7 +49,8 @@ class AdamW:
             update = (m / c1) / (np.sqrt(v / c2) + self.eps)
             if self.weight_decay and p.kind not in self.no_decay:
                 update = update + self.weight_decay * p.value
-            p.value -= (lr * update).astype(p.value.dtype)
+            rate = lr * self.kernel_lr_scale if p.kind == "kernel" else lr
+            p.value -= (rate * update).astype(p.value.dtype)
 
     def state(self) -> Dict[str, np.ndarray]:
         out = {"t": np.array(self.t)}

@@ -1,0 +1,153 @@
+"""Kernel diagnostics: what a feature-map attention layer is doing, measured on the
+queries and keys of its last forward call.
+
+A random-feature kernel can look healthy in the loss curve's first steps while its
+attention weights are noise. Three numbers per head make that visible:
+
+* ``guard_fraction``: the share of query rows whose denominator fell on the guard
+  (den_i < eps R_i; the C kernels count them). Many rows there means the kernel's
+  estimate of sum_j k(q_i, k_j) is near zero or negative: noise.
+* ``kernel_tv``: the total-variation distance, 0.5 sum_j |a_ij - p_ij|, between the
+  layer's attention rows a_i and exact softmax rows p_i = softmax(c q_i.k_j) on a sample of
+  rows, averaged. c is the softmax temperature the kernel estimates at its own
+  initialisation: 2 / e^tau for flex_n (1 / sqrt d at tau = log(2 sqrt d)),
+  mean |omega_row|^2 / d for flex_s and rfa (their frequencies' scale), 1 / sqrt d for the
+  other kinds. 0 means the same rows; 1 means disjoint ones.
+* the parameters: mean frequency-row norm, flex_n's tau and the pair's separation
+  ||omega1 - omega2|| / ||omega1|| (0 when the pair is equal).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .features import features
+
+#: kinds whose rows the NumPy feature twins can rebuild
+KERNEL_KINDS = ("flex_s", "flex_n", "rfa", "performer", "hedgehog", "elu")
+
+
+def nominal_scale(kind: str, params: Dict[str, np.ndarray], head_dim: int) -> np.ndarray:
+    """Per-head softmax temperature c (H,) that ``kind`` with ``params`` estimates at its start."""
+    if kind == "flex_n":
+        return 2.0 * np.exp(-np.asarray(params["tau"], dtype=np.float64))
+    if kind in ("flex_s", "rfa"):
+        w = np.asarray(params["omega"], dtype=np.float64)
+        return (w * w).sum(-1).mean(-1) / head_dim
+    H = next((np.shape(v)[0] for v in params.values()), None)
+    return np.full(H if H is not None else 1, 1.0 / np.sqrt(head_dim))
+
+
+def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.ndarray], *,
+                causal: bool = False, key_mask: Optional[np.ndarray] = None, eps: float = 1e-4) -> np.ndarray:
+    """The attention rows (B, H, Nq, Nk) of a feature-map kind, guard included, in float64.
+
+    a_ij = w_ij f(q_i).f(k_j) / max(den_i, eps R_i) with w_ij = exp(s(k_j) - max s) over the
+    keys row i sees, as the C core computes them; rows that see no key are zero."""
+    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    p64 = {n: np.asarray(v, np.float64) for n, v in params.items()}
+    fq, _ = features(kind, q64, p64)
+    fk, sk = features(kind, k64, p64)
+    visible = np.ones(q.shape[:2] + (q.shape[2], k.shape[2]), bool)
+    if causal:
+        visible &= np.tril(np.ones((q.shape[2], k.shape[2]), bool))
+    if key_mask is not None:
+        visible &= np.asarray(key_mask, bool)[:, None, None, :]
+    s = np.where(visible, sk[:, :, None, :], -np.inf)
+    top = s.max(-1, keepdims=True)
+    w = np.where(visible, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    kern = w * np.einsum("bhif,bhjf->bhij", fq, fk)
+    den, R = kern.sum(-1, keepdims=True), w.sum(-1, keepdims=True)
+    den = np.where(den < eps * R, eps * R, den)
+    return np.where(R > 0, kern / np.where(R > 0, den, 1.0), 0.0)
+
+
+def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
+                 key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """Exact softmax rows (B, H, Nq, Nk) at per-head temperature ``scale`` (H,) or a scalar."""
+    c = np.broadcast_to(np.asarray(scale, np.float64), (q.shape[1],))[None, :, None, None]
+    z = np.einsum("bhid,bhjd->bhij", np.asarray(q, np.float64), np.asarray(k, np.float64)) * c
+    visible = np.ones(z.shape, bool)
+    if causal:
+        visible &= np.tril(np.ones(z.shape[-2:], bool))
+    if key_mask is not None:
+        visible &= np.asarray(key_mask, bool)[:, None, None, :]
+    z = np.where(visible, z, -np.inf)
+    top = z.max(-1, keepdims=True)
+    e = np.where(visible, np.exp(z - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    tot = e.sum(-1, keepdims=True)
+    return e / np.where(tot > 0, tot, 1.0)
+
+
+def parameter_summary(kind: str, params: Dict[str, np.ndarray]) -> Dict[str, List[float]]:
+    """Per-head frequency norms, tau and flex_n's pair separation (empty for other kinds)."""
+    out: Dict[str, List[float]] = {}
+    if kind in ("flex_s", "rfa", "performer"):
+        w = np.asarray(params["omega"], np.float64)
+        out["omega_row_norm"] = np.linalg.norm(w, axis=-1).mean(-1).tolist()
+    if kind == "flex_n":
+        a, b = np.asarray(params["omega1"], np.float64), np.asarray(params["omega2"], np.float64)
+        out["omega1_row_norm"] = np.linalg.norm(a, axis=-1).mean(-1).tolist()
+        out["omega2_row_norm"] = np.linalg.norm(b, axis=-1).mean(-1).tolist()
+        out["tau"] = np.asarray(params["tau"], np.float64).tolist()
+        out["separation"] = (np.linalg.norm((a - b).reshape(a.shape[0], -1), axis=1)
+                             / np.maximum(np.linalg.norm(a.reshape(a.shape[0], -1), axis=1), 1e-300)).tolist()
+    return out
+
+
+def sample_rows(n: int, count: int) -> np.ndarray:
+    """``count`` evenly spaced row indices in 0..n-1 (all rows when n <= count)."""
+    if n <= count:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, count).round().astype(int))
+
+
+def layer_diagnostics(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.ndarray], *,
+                      causal: bool = False, key_mask: Optional[np.ndarray] = None,
+                      guard_count: Optional[np.ndarray] = None, rows: int = 32, batch: int = 1,
+                      eps: float = 1e-4) -> dict:
+    """Diagnostics of one attention layer from its queries and keys (B, H, N, d).
+
+    Parameters
+    ----------
+    kind : str
+        The attention kind (any; the row error is computed for :data:`KERNEL_KINDS`).
+    q, k : ndarray (B, H, N, d)
+    params : dict of ndarray
+    causal : bool
+    key_mask : ndarray (B, N) of bool, optional
+    guard_count : ndarray (B, H), optional
+        The kernel's count of guarded rows for these inputs (``return_guard_count``).
+    rows : int
+        Query rows sampled (evenly spaced) for the error against softmax.
+    batch : int
+        Batch elements used for that error (the first ones).
+    eps : float
+        The layer's denominator guard.
+
+    Returns
+    -------
+    dict with per-head lists: ``guard_fraction`` (when guard_count is given),
+    ``kernel_tv`` and ``softmax_scale`` (kernel kinds) and :func:`parameter_summary`.
+    """
+    B, H, N, d = q.shape
+    out: dict = {}
+    if guard_count is not None:
+        out["guard_fraction"] = (np.asarray(guard_count, np.float64).sum(0) / max(B * N, 1)).tolist()
+    if kind in KERNEL_KINDS and N > 0:
+        nb = min(batch, B)
+        idx = sample_rows(N, rows)
+        mask = None if key_mask is None else np.asarray(key_mask, bool)[:nb]
+        a = kernel_rows(kind, q[:nb], k[:nb], params, causal=causal, key_mask=mask, eps=eps)[:, :, idx]
+        c = nominal_scale(kind, params, d)
+        p = softmax_rows(q[:nb], k[:nb], c, causal=causal, key_mask=mask)[:, :, idx]
+        if mask is not None:  # only rows that are real tokens
+            keep = mask[:, idx]
+            tv = (0.5 * np.abs(a - p).sum(-1) * keep[:, None, :]).sum((0, 2)) / np.maximum(keep.sum(), 1)
+        else:
+            tv = 0.5 * np.abs(a - p).sum(-1).mean((0, 2))
+        out["kernel_tv"] = tv.tolist()
+        out["softmax_scale"] = np.asarray(c, np.float64).tolist()
+    out.update(parameter_summary(kind, params))
+    return out

@@ -1,0 +1,270 @@
+"""Initialisers for the Flexformer kernel parameters.
+
+Frequencies are drawn from N(0, s^2 I / sqrt d), where s is the *bandwidth scale*
+(``scale``). With s = 1, Flexformer_s and a symmetric Flexformer_n (A = B,
+tau = log(2 sqrt d)) are the unbiased random-feature estimate of the softmax kernel
+exp(q.k / sqrt d). That estimate's relative noise grows like
+exp(s^2 |q - k|^2 / (2 sqrt d)) / sqrt(m): at head size 16 with unit-variance queries and
+keys, s = 1 leaves E[cos] near 0.02 against a per-feature spread near 0.7, so the
+attention weights start as noise. A smaller s trades temperature for signal:
+
+* Flexformer_n: tau = log(2 sqrt d / s^2) keeps the estimate unbiased for the softmax
+  kernel at a lower temperature, exp(s^2 q.k / sqrt d) (``match_tau=True``, the
+  default); the model's query and key projections can raise it back.
+* Flexformer_s has no tau: its norm factor stays exp(|x|^2 / (2 sqrt d)), so it starts
+  as exp(s^2 q.k / sqrt d) times a key weight exp((1 - s^2) |k|^2 / (2 sqrt d)) (the
+  query factor cancels in the normalisation).
+
+Flexformer_n's pair starts apart by default: A = sqrt(1 - r^2) C + r Z1 and
+B = sqrt(1 - r^2) C + r Z2 with C, Z1, Z2 independent draws and r the ``spread``.
+Each of A and B keeps the law N(0, s^2 I / sqrt d); their rows have correlation
+rho = 1 - r^2, and the expected kernel at step 0 is
+(exp(s^2 q.k / sqrt d) + exp(rho s^2 q.k / sqrt d)) / 2 (matched tau): a mix of two softmax
+kernels whose temperatures differ by the factor rho. With A = B (``symmetric=True``,
+the exact old starting point) the loss is symmetric in A and B, which makes A = B a
+fixed point of gradient descent: the pair would never separate.
+
+The defaults (:data:`DEFAULT_SCALE`, :data:`DEFAULT_SPREAD`) were chosen by the sweep
+recorded in ``docs/results.md``. ``orthogonal=True`` draws orthogonal random features
+(rows orthogonal within each block of d, each row's norm redrawn so every row keeps the
+Gaussian law; Choromanski et al., 2021), which lowers the estimator's variance.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+RngLike = Union[None, int, np.random.Generator]
+
+#: default bandwidth scale s of the trig kinds' frequencies (1.0 = the unbiased estimate
+#: of exp(q.k / sqrt d)); chosen by the sweep in docs/results.md
+DEFAULT_SCALE = 0.3
+#: default spread r between Flexformer_n's omega1 and omega2 (0 = equal)
+DEFAULT_SPREAD = 0.3
+
+
+def as_generator(rng: RngLike) -> np.random.Generator:
+    """A numpy Generator from None (fresh entropy), an int seed or a Generator."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+        return np.random.default_rng(rng)
+    raise TypeError(f"rng must be None, an int seed or a numpy Generator, got {type(rng).__name__}")
+
+
+def _check_sizes(**sizes: int) -> None:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_scale(scale) -> float:
+    """``scale`` as a float; ValueError unless it is a finite number > 0."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale (the kernel's initial bandwidth) must be a finite number > 0, got {scale!r}")
+    return float(scale)
+
+
+def check_spread(spread) -> float:
+    """``spread`` as a float; ValueError unless it lies in [0, 1]."""
+    if isinstance(spread, bool) or not isinstance(spread, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(spread) or not 0 <= spread <= 1:
+        raise ValueError(f"spread (between omega1 and omega2) must be a number in [0, 1], got {spread!r}")
+    return float(spread)
+
+
+def _check_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+def gaussian_frequencies(
+    num_heads: int,
+    num_features: int,
+    head_dim: int,
+    *,
+    rng: RngLike = None,
+    orthogonal: bool = False,
+    scale: float = 1.0,
+    dtype=np.float64,
+) -> np.ndarray:
+    """Frequencies (num_heads, num_features, head_dim) with rows ~ N(0, scale^2 I / sqrt(head_dim)).
+
+    Parameters
+    ----------
+    num_heads, num_features, head_dim : int
+        H, m and d; each >= 1.
+    rng : None, int or numpy.random.Generator, optional
+        Seed or generator; the same seed gives the same frequencies.
+    orthogonal : bool, optional
+        Orthogonal random features instead of i.i.d. rows.
+    scale : float, optional
+        Bandwidth scale s > 0 (1 = the softmax kernel's own frequencies).
+    dtype : float32 or float64, optional
+
+    Returns
+    -------
+    ndarray of shape (num_heads, num_features, head_dim)
+    """
+    _check_sizes(num_heads=num_heads, num_features=num_features, head_dim=head_dim)
+    dt = _check_dtype(dtype)
+    scale = check_scale(scale)
+    gen = as_generator(rng)
+    H, m, d = int(num_heads), int(num_features), int(head_dim)
+    if not orthogonal:
+        w = gen.standard_normal((H, m, d))
+    else:
+        w = np.empty((H, m, d))
+        for h in range(H):
+            for start in range(0, m, d):
+                rows = min(d, m - start)
+                qmat, rmat = np.linalg.qr(gen.standard_normal((d, d)))
+                qmat = qmat * np.sign(np.diag(rmat))  # a Haar-distributed rotation
+                norms = np.linalg.norm(gen.standard_normal((rows, d)), axis=1)
+                w[h, start:start + rows] = qmat.T[:rows] * norms[:, None]
+    return (w * (scale * d ** -0.25)).astype(dt)
+
+
+def flex_s_omega(
+    num_heads: int,
+    num_features: int,
+    head_dim: int,
+    *,
+    rng: RngLike = None,
+    orthogonal: bool = False,
+    scale: float = DEFAULT_SCALE,
+    dtype=np.float64,
+) -> np.ndarray:
+    """Initial ``omega`` (H, m, d) for :func:`flexformer.flex_s_attention`: rows
+    ~ N(0, scale^2 I / sqrt d). ``scale=1.0`` is the unbiased estimate of
+    exp(q.k / sqrt d); see the module notes for what a smaller scale starts from."""
+    return gaussian_frequencies(num_heads, num_features, head_dim, rng=rng, orthogonal=orthogonal, scale=scale,
+                                dtype=dtype)
+
+
+def flex_n_params(
+    num_heads: int,
+    num_features: int,
+    head_dim: int,
+    *,
+    rng: RngLike = None,
+    orthogonal: bool = False,
+    scale: float = DEFAULT_SCALE,
+    spread: float = DEFAULT_SPREAD,
+    match_tau: bool = True,
+    symmetric: bool = False,
+    dtype=np.float64,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Initial ``(omega1, omega2, tau)`` for :func:`flexformer.flex_n_attention`.
+
+    Parameters
+    ----------
+    num_heads, num_features, head_dim : int
+        H, m and d; each >= 1.
+    rng : None, int or numpy.random.Generator, optional
+    orthogonal : bool, optional
+        Orthogonal random features for the shared centre and both offsets.
+    scale : float, optional
+        Bandwidth scale s > 0: each of omega1, omega2 has rows ~ N(0, s^2 I / sqrt d).
+    spread : float, optional
+        r in [0, 1]: omega1 = sqrt(1 - r^2) C + r Z1, omega2 = sqrt(1 - r^2) C + r Z2,
+        so rows of the pair have correlation 1 - r^2 and
+        ||omega1 - omega2|| / ||omega1|| is about sqrt(2) r. 0 gives omega1 = omega2.
+    match_tau : bool, optional
+        tau = log(2 sqrt d / s^2) (True: the symmetric kernel estimates
+        exp(s^2 q.k / sqrt d)) or log(2 sqrt d) whatever s is (False).
+    symmetric : bool, optional
+        The exact unbiased-softmax start of earlier versions: omega1 = omega2 drawn with
+        s = 1 and tau = log(2 sqrt d); overrides ``scale``, ``spread`` and ``match_tau``.
+        A = B is a fixed point of gradient descent, so the pair then never separates.
+    dtype : float32 or float64, optional
+
+    Returns
+    -------
+    omega1, omega2 : ndarray (H, m, d)
+    tau : ndarray (H,)
+    """
+    if symmetric:
+        scale, spread, match_tau = 1.0, 0.0, True
+    scale, spread = check_scale(scale), check_spread(spread)
+    gen = as_generator(rng)
+    centre = gaussian_frequencies(num_heads, num_features, head_dim, rng=gen, orthogonal=orthogonal, scale=scale)
+    if spread == 0.0:
+        omega1 = centre
+        omega2 = centre.copy()
+    else:
+        keep = np.sqrt(1.0 - spread * spread)
+        z1, z2 = (gaussian_frequencies(num_heads, num_features, head_dim, rng=gen, orthogonal=orthogonal,
+                                       scale=scale) for _ in range(2))
+        omega1, omega2 = keep * centre + spread * z1, keep * centre + spread * z2
+    dt = _check_dtype(dtype)
+    tau_value = np.log(2.0 * np.sqrt(head_dim) / (scale * scale if match_tau else 1.0))
+    tau = np.full(int(num_heads), tau_value, dtype=dt)
+    return omega1.astype(dt), omega2.astype(dt), tau
+
+
+def performer_omega(
+    num_heads: int,
+    num_features: int,
+    head_dim: int,
+    *,
+    rng: RngLike = None,
+    orthogonal: bool = True,
+    dtype=np.float64,
+) -> np.ndarray:
+    """Fixed FAVOR+ frequencies (H, m, d) with rows ~ N(0, I) (the features rescale x
+    by d^(-1/4) themselves). Orthogonal by default, as in the Performer paper; call
+    again with a new seed to redraw (see :func:`redraw`)."""
+    w = gaussian_frequencies(num_heads, num_features, head_dim, rng=rng, orthogonal=orthogonal)
+    return (w * head_dim ** 0.25).astype(_check_dtype(dtype))
+
+
+def redraw(omega: np.ndarray, *, rng: RngLike = None, orthogonal: bool = True) -> np.ndarray:
+    """New Performer frequencies of the same shape and dtype as ``omega`` (the periodic
+    feature redraw of FAVOR+); ``omega`` itself is left unchanged."""
+    omega = np.asarray(omega)
+    if omega.ndim != 3:
+        raise ValueError(f"omega must have shape (H, m, d), got {omega.shape}")
+    return performer_omega(*omega.shape, rng=rng, orthogonal=orthogonal, dtype=omega.dtype)
+
+
+def hedgehog_weights(
+    num_heads: int,
+    head_dim: int,
+    num_features: Optional[int] = None,
+    *,
+    rng: RngLike = None,
+    dtype=np.float64,
+) -> np.ndarray:
+    """Hedgehog feature-map weights W (H, d, m): the identity when m = d (the default),
+    otherwise N(0, 1/d) entries."""
+    m = head_dim if num_features is None else num_features
+    _check_sizes(num_heads=num_heads, head_dim=head_dim, num_features=m)
+    dt = _check_dtype(dtype)
+    if m == head_dim:
+        return np.broadcast_to(np.eye(head_dim), (num_heads, head_dim, m)).astype(dt)
+    return (as_generator(rng).standard_normal((num_heads, head_dim, m)) / np.sqrt(head_dim)).astype(dt)
+
+
+def linformer_projections(
+    proj_len: int,
+    max_len: int,
+    num_heads: Optional[int] = None,
+    *,
+    rng: RngLike = None,
+    dtype=np.float64,
+) -> np.ndarray:
+    """A Linformer projection (kp, Nmax), or (H, kp, Nmax) per head when ``num_heads`` is
+    given, with N(0, 1/kp) entries. Draw E and F separately (or reuse one array for
+    key-value sharing)."""
+    _check_sizes(proj_len=proj_len, max_len=max_len)
+    shape = (proj_len, max_len)
+    if num_heads is not None:
+        _check_sizes(num_heads=num_heads)
+        shape = (num_heads,) + shape
+    dt = _check_dtype(dtype)
+    return (as_generator(rng).standard_normal(shape) / np.sqrt(proj_len)).astype(dt)
