@@ -46,7 +46,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0
     data_dir: Optional[str] = None
-    eval_batches: int = 16
+    eval_batches: int = 64
     checkpoint_every: int = 100
     dtype: str = "float32"
     #: bandwidth scale of the trig kinds' initial frequencies (flex_s, flex_n, rfa)
