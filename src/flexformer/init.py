@@ -41,7 +41,7 @@ RngLike = Union[None, int, np.random.Generator]
 #: of exp(q.k / sqrt d)); chosen by the sweep in docs/results.md
 DEFAULT_SCALE = 0.3
 #: default spread r between Flexformer_n's omega1 and omega2 (0 = equal)
-DEFAULT_SPREAD = 0.3
+DEFAULT_SPREAD = 0.6
 
 
 def as_generator(rng: RngLike) -> np.random.Generator:
