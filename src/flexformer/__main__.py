@@ -41,13 +41,19 @@ def demo(args: argparse.Namespace) -> int:
     q = rng.standard_normal((1, H, n_small, d)) * 0.3
     k = rng.standard_normal((1, H, n_small, d)) * 0.3
     v = rng.standard_normal((1, H, n_small, d))
+    s = init.DEFAULT_SCALE
     exact = reference.softmax_attention(q, k, v, causal=True)
-    print(f"\ninitial Flexformer_n vs exact softmax attention (causal, N={n_small}, d={d}):")
+    exact_s = reference.softmax_attention(q, k, v, causal=True, scale=s * s / np.sqrt(d))
+    print(f"\ninitial Flexformer_n vs exact softmax attention (causal, N={n_small}, d={d}), relative error:")
+    print(f"  {'':16s} unbiased start (scale 1, A = B)   default start (scale {s}, spread {init.DEFAULT_SPREAD})")
+    print(f"  {'':16s} vs softmax at 1/sqrt(d)           vs softmax at {s}^2/sqrt(d)")
     for m in (16, 64, 256):
-        omega1, omega2, tau = init.flex_n_params(H, m, d, rng=rng, orthogonal=True)
-        approx = flex_n_attention(q, k, v, omega1, omega2, tau, causal=True)
-        err = np.linalg.norm(approx - exact) / np.linalg.norm(exact)
-        print(f"  m = {m:4d} features: relative error {err:.4f}")
+        row = []
+        for options, target in (({"symmetric": True}, exact), ({}, exact_s)):
+            omega1, omega2, tau = init.flex_n_params(H, m, d, rng=rng, orthogonal=True, **options)
+            approx = flex_n_attention(q, k, v, omega1, omega2, tau, causal=True)
+            row.append(np.linalg.norm(approx - target) / np.linalg.norm(target))
+        print(f"  m = {m:4d} features {row[0]:10.4f} {row[1]:36.4f}")
 
     # timing at the requested size
     m = args.features
