@@ -161,6 +161,7 @@ def test_training_writes_diagnostics_without_changing_results(tmp_path):
     layer = lines[0]["layers"][0]
     assert len(layer["guard_fraction"]) == 2 and len(layer["kernel_tv"]) == 2 and len(layer["separation"]) == 2
     assert with_diag["diagnostics"]["step"] == 5
+    assert all(math.isfinite(r["eval_loss_after"]) for r in lines)  # a quick held-out loss after each update
     assert not (tmp_path / "b" / "diagnostics.jsonl").exists()
 
 

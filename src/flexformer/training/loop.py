@@ -195,9 +195,11 @@ def summarise_diagnostics(layers: list) -> dict:
     return out
 
 
-def evaluate(cfg: TrainConfig, model, data) -> dict:
+def evaluate(cfg: TrainConfig, model, data, batches: Optional[int] = None) -> dict:
+    """Evaluation loss and accuracy (bits per character for text-lm) on the first
+    ``batches`` (default ``cfg.eval_batches``) held-out batches."""
     losses, correct, count = [], 0, 0
-    for i in range(cfg.eval_batches):
+    for i in range(cfg.eval_batches if batches is None else batches):
         batch = batch_for(cfg, data, 10_000_000 + i, "test")
         loss, _, right, _ = loss_and_grad(cfg, model, batch)
         losses.append(loss)
@@ -283,10 +285,17 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
     last_diag = None
 
     def record_diagnostics(step, loss):
+        # the layers still hold this step's queries and keys: read them before the backward
         nonlocal last_diag
         layers = attention_diagnostics(model)
         last_diag = {"step": step, "loss": float(loss), "summary": summarise_diagnostics(layers),
                      "layers": layers}
+
+    def write_diagnostics():
+        # after the step's update: a quick evaluation on a few held-out batches (the
+        # forward passes change no parameter and draw from no training stream)
+        quick = evaluate(cfg, model, data, batches=min(4, cfg.eval_batches))
+        last_diag["eval_loss_after"] = quick["eval_loss"]
         with open(diag_path, "a") as fh:
             fh.write(json.dumps(last_diag) + "\n")
 
@@ -301,7 +310,8 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
             if not math.isfinite(loss):
                 reason = f"loss became {loss} at step {step}; stopped with the last good checkpoint kept"
                 break
-            if cfg.diagnostics_every and (step % cfg.diagnostics_every == 0 or step == cfg.steps - 1):
+            diag_due = cfg.diagnostics_every and (step % cfg.diagnostics_every == 0 or step == cfg.steps - 1)
+            if diag_due:
                 record_diagnostics(step, loss)  # of this step's forward, before its update
             model.backward(dlogits)
             norm = clip_global_norm(named, cfg.clip)
@@ -309,6 +319,8 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
                 reason = f"gradient norm became {norm} at step {step}; stopped with the last good checkpoint kept"
                 break
             opt.step(lr_at(step, base_lr=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
+            if diag_due:
+                write_diagnostics()
             step += 1
             losses.append(loss)
             tokens += ntok
