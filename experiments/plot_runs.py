@@ -1,5 +1,7 @@
 """Plot evaluation loss and the guard share against steps, per run label, from the
 JSON-lines files of run_grid.py (runs that wrote diagnostics.jsonl; mean over seeds).
+Runs whose records carry no held-out loss (written before it was recorded) show the
+training batch's loss instead, and the panel says so.
 
     python experiments/plot_runs.py RESULTS.jsonl --out docs/training.png [--title TEXT]
 """
@@ -21,9 +23,11 @@ def curves(path):
     for label, runs in by_label.items():
         steps = [d["step"] for d in runs[0]]
         n = min(len(d) for d in runs)
-        ev = [[d[i].get("eval_loss_after", np.nan) for i in range(n)] for d in runs]
+        held_out = all("eval_loss_after" in d[0] for d in runs)
+        key = "eval_loss_after" if held_out else "loss"
+        ev = [[d[i][key] for i in range(n)] for d in runs]
         guard = [[d[i]["summary"].get("guard_fraction", 0.0) for i in range(n)] for d in runs]
-        out[label] = (np.array(steps[:n]), np.nanmean(ev, axis=0), np.mean(guard, axis=0))
+        out[label] = (np.array(steps[:n]), np.mean(ev, axis=0), np.mean(guard, axis=0), held_out)
     return out
 
 
@@ -39,10 +43,13 @@ def main(argv=None):
     args = p.parse_args(argv)
     fig, axes = plt.subplots(len(args.results), 2, figsize=(11, 3.4 * len(args.results)), squeeze=False)
     for row, path in enumerate(args.results):
-        for label, (steps, ev, guard) in curves(path).items():
+        held_out = True
+        for label, (steps, ev, guard, held) in curves(path).items():
+            held_out &= held
             axes[row, 0].plot(steps, ev, marker=".", label=label)
             axes[row, 1].plot(steps, guard, marker=".", label=label)
-        axes[row, 0].set_title(f"{path.rsplit('/', 1)[-1]}: evaluation loss (4 batches, mean of seeds)")
+        what = "held-out loss (4 batches)" if held_out else "training-batch loss"
+        axes[row, 0].set_title(f"{path.rsplit('/', 1)[-1]}: {what}, mean of seeds")
         axes[row, 1].set_title("share of rows on the denominator guard")
         for ax in axes[row]:
             ax.set_xlabel("step")
