@@ -39,24 +39,38 @@ def nominal_scale(kind: str, params: Dict[str, np.ndarray], head_dim: int) -> np
     return np.full(H if H is not None else 1, 1.0 / np.sqrt(head_dim))
 
 
+def _visible(rows: np.ndarray, nk: int, causal: bool, key_mask: Optional[np.ndarray], lead) -> np.ndarray:
+    """Which keys (B, H, len(rows), Nk) each query row at positions ``rows`` sees."""
+    visible = np.ones(tuple(lead) + (len(rows), nk), bool)
+    if causal:
+        visible &= np.arange(nk)[None, :] <= rows[:, None]
+    if key_mask is not None:
+        visible &= np.asarray(key_mask, bool)[:, None, None, :]
+    return visible
+
+
+def _shifted_exp(z: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    """exp(z - max z) over the visible keys of each row, 0 elsewhere (and on rows that see none)."""
+    z = np.where(visible, z, -np.inf)
+    top = z.max(-1, keepdims=True)
+    return np.where(visible, np.exp(z - np.where(np.isfinite(top), top, 0.0)), 0.0)
+
+
 def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.ndarray], *,
-                causal: bool = False, key_mask: Optional[np.ndarray] = None, eps: float = 1e-4) -> np.ndarray:
-    """The attention rows (B, H, Nq, Nk) of a feature-map kind, guard included, in float64.
+                causal: bool = False, key_mask: Optional[np.ndarray] = None, eps: float = 1e-4,
+                rows: Optional[np.ndarray] = None) -> np.ndarray:
+    """The attention rows (B, H, Nq, Nk) of a feature-map kind, guard included, in float64;
+    only the query rows at positions ``rows`` (all when None).
 
     a_ij = w_ij f(q_i).f(k_j) / max(den_i, eps R_i) with w_ij = exp(s(k_j) - max s) over the
     keys row i sees, as the C core computes them; rows that see no key are zero."""
-    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
+    q64, k64 = np.asarray(q, np.float64)[:, :, rows], np.asarray(k, np.float64)
     p64 = {n: np.asarray(v, np.float64) for n, v in params.items()}
     fq, _ = features(kind, q64, p64)
     fk, sk = features(kind, k64, p64)
-    visible = np.ones(q.shape[:2] + (q.shape[2], k.shape[2]), bool)
-    if causal:
-        visible &= np.tril(np.ones((q.shape[2], k.shape[2]), bool))
-    if key_mask is not None:
-        visible &= np.asarray(key_mask, bool)[:, None, None, :]
-    s = np.where(visible, sk[:, :, None, :], -np.inf)
-    top = s.max(-1, keepdims=True)
-    w = np.where(visible, np.exp(s - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    visible = _visible(rows, k.shape[2], causal, key_mask, q.shape[:2])
+    w = _shifted_exp(np.broadcast_to(sk[:, :, None, :], visible.shape), visible)
     kern = w * np.einsum("bhif,bhjf->bhij", fq, fk)
     den, R = kern.sum(-1, keepdims=True), w.sum(-1, keepdims=True)
     den = np.where(den < eps * R, eps * R, den)
@@ -64,18 +78,13 @@ def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.nd
 
 
 def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
-                 key_mask: Optional[np.ndarray] = None) -> np.ndarray:
-    """Exact softmax rows (B, H, Nq, Nk) at per-head temperature ``scale`` (H,) or a scalar."""
+                 key_mask: Optional[np.ndarray] = None, rows: Optional[np.ndarray] = None) -> np.ndarray:
+    """Exact softmax rows (B, H, Nq, Nk) at per-head temperature ``scale`` (H,) or a scalar;
+    only the query rows at positions ``rows`` (all when None)."""
+    rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
     c = np.broadcast_to(np.asarray(scale, np.float64), (q.shape[1],))[None, :, None, None]
-    z = np.einsum("bhid,bhjd->bhij", np.asarray(q, np.float64), np.asarray(k, np.float64)) * c
-    visible = np.ones(z.shape, bool)
-    if causal:
-        visible &= np.tril(np.ones(z.shape[-2:], bool))
-    if key_mask is not None:
-        visible &= np.asarray(key_mask, bool)[:, None, None, :]
-    z = np.where(visible, z, -np.inf)
-    top = z.max(-1, keepdims=True)
-    e = np.where(visible, np.exp(z - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    z = np.einsum("bhid,bhjd->bhij", np.asarray(q, np.float64)[:, :, rows], np.asarray(k, np.float64)) * c
+    e = _shifted_exp(z, _visible(rows, k.shape[2], causal, key_mask, q.shape[:2]))
     tot = e.sum(-1, keepdims=True)
     return e / np.where(tot > 0, tot, 1.0)
 
@@ -139,9 +148,9 @@ def layer_diagnostics(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str,
         nb = min(batch, B)
         idx = sample_rows(N, rows)
         mask = None if key_mask is None else np.asarray(key_mask, bool)[:nb]
-        a = kernel_rows(kind, q[:nb], k[:nb], params, causal=causal, key_mask=mask, eps=eps)[:, :, idx]
+        a = kernel_rows(kind, q[:nb], k[:nb], params, causal=causal, key_mask=mask, eps=eps, rows=idx)
         c = nominal_scale(kind, params, d)
-        p = softmax_rows(q[:nb], k[:nb], c, causal=causal, key_mask=mask)[:, :, idx]
+        p = softmax_rows(q[:nb], k[:nb], c, causal=causal, key_mask=mask, rows=idx)
         if mask is not None:  # only rows that are real tokens
             keep = mask[:, idx]
             tv = (0.5 * np.abs(a - p).sum(-1) * keep[:, None, :]).sum((0, 2)) / np.maximum(keep.sum(), 1)

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .. import get_attention
+from ..diagnostics import parameter_summary
 from . import evaluate, fit_kernels, teacher_entropy
 from .bert import encode, kernel_attention_fn, read_sentences, sentence_embeddings, tokenize
 
@@ -167,8 +168,7 @@ def run(data_dir: str, *, transfer_dir: Optional[str] = None, kinds: Sequence[st
                                 batch_size=batch_size, seed=seed, progress=progress, kernel_init=kernel_init)
         row = scores(kind, params, data["test"])
         if kind == "flex_n":  # how far apart the learned pairs ended, mean over layers and heads
-            row["separation"] = float(np.mean([np.linalg.norm(p["omega1"] - p["omega2"], axis=(1, 2))
-                                               / np.linalg.norm(p["omega1"], axis=(1, 2)) for p in params]))
+            row["separation"] = float(np.mean([parameter_summary(kind, p)["separation"] for p in params]))
         row["embedding_cosine"] = swapped_cosine(weights, data["test"], kind, params)
         if other is not None:
             row["transfer"] = scores(kind, params, other["test"])
