@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .attention import DEFAULT_EPS
 from .features import features
 
 #: kinds whose rows the NumPy feature twins can rebuild
@@ -57,7 +58,7 @@ def _shifted_exp(z: np.ndarray, visible: np.ndarray) -> np.ndarray:
 
 
 def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.ndarray], *,
-                causal: bool = False, key_mask: Optional[np.ndarray] = None, eps: float = 1e-4,
+                causal: bool = False, key_mask: Optional[np.ndarray] = None, eps: float = DEFAULT_EPS,
                 rows: Optional[np.ndarray] = None) -> np.ndarray:
     """The attention rows (B, H, Nq, Nk) of a feature-map kind, guard included, in float64;
     only the query rows at positions ``rows`` (all when None).
@@ -115,7 +116,7 @@ def sample_rows(n: int, count: int) -> np.ndarray:
 def layer_diagnostics(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.ndarray], *,
                       causal: bool = False, key_mask: Optional[np.ndarray] = None,
                       guard_count: Optional[np.ndarray] = None, rows: int = 32, batch: int = 1,
-                      eps: float = 1e-4) -> dict:
+                      eps: float = DEFAULT_EPS) -> dict:
     """Diagnostics of one attention layer from its queries and keys (B, H, N, d).
 
     Parameters
