@@ -1,5 +1,6 @@
 """The PyTorch bridge: gradcheck on the C path, C path against the pure-torch path,
 checkpoints between the NumPy and torch models, and data-parallel training."""
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import flexformer as ff  # noqa: E402
 from flexformer.torch import attention, from_numpy_checkpoint, save_numpy_checkpoint  # noqa: E402
 from flexformer.torch.functional import _np  # noqa: E402
 from flexformer.training import TrainConfig, load_model, save_checkpoint  # noqa: E402
-from flexformer.training.loop import build_data, build_model, model_for_config  # noqa: E402
+from flexformer.training.loop import batch_for, build_data, build_model, model_for_config  # noqa: E402
 
 KINDS = ff.attention_kinds()
 
@@ -190,8 +191,10 @@ def _run_train(args, out, nproc):
     done = subprocess.run(cmd + args + ["--out", str(out), "--quiet"], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    with open(os.path.join(out, "metrics.json")) as fh:
+        metrics = json.load(fh)
     with np.load(os.path.join(out, "checkpoint.npz")) as z:
-        return {k: z[k] for k in z.files if k.startswith("param/")}
+        return {k: z[k] for k in z.files if k.startswith("param/")}, metrics
 
 
 @pytest.mark.parametrize("task", ["listops", "text-lm"])
@@ -204,11 +207,17 @@ def test_two_process_ddp_matches_one_process(tmp_path, task):
         if not os.path.isdir(data):
             pytest.skip("needs ../shared/data/austen")
         args += ["--data-dir", data, "--attention", "flex_s"]
-    one = _run_train(args, tmp_path / "one", 1)
-    two = _run_train(args, tmp_path / "two", 2)
+    one, one_metrics = _run_train(args, tmp_path / "one", 1)
+    two, two_metrics = _run_train(args, tmp_path / "two", 2)
     cfg = TrainConfig(task=task, dim=16, heads=2, seq_len=48, dtype="float64", batch_size=8,
                       attention="flex_s" if task == "text-lm" else "flex_n", data_dir=data)
-    start = build_model(cfg, build_data(cfg)).parameters()
+    data_set = build_data(cfg)
+    start = build_model(cfg, data_set).parameters()
+    # tokens/s counts what the NumPy trainer counts: every position (text-lm) or the unmasked ones
+    batches = [batch_for(cfg, data_set, step) for step in range(4)]
+    tokens = sum(b[0].size if task == "text-lm" else int(b[1].sum()) for b in batches)
+    for metrics in (one_metrics, two_metrics):
+        assert metrics["tokens_per_s"] * metrics["wall_s"] == pytest.approx(tokens, rel=1e-9)
     moved = max(np.abs(one["param/" + n] - v).max() for n, v in start.items())
     assert moved > 1e-3   # training changed the parameters ...
     for name, value in one.items():  # ... and two processes on half batches each did exactly the same

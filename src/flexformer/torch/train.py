@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -78,6 +79,14 @@ def _loss(cfg: TrainConfig, model, batch, device):
     return F.cross_entropy(logits, labels_t), int((logits.argmax(-1) == labels_t).sum())
 
 
+def _tokens(cfg: TrainConfig, batch) -> int:
+    """Tokens in a batch: every position for text-lm, the unmasked
+    ones for the classification tasks (the NumPy trainer's count)."""
+    if cfg.task == "text-lm":
+        return int(batch[0].size)
+    return int(np.asarray(batch[1]).sum())
+
+
 def _slice(batch, lo: int, hi: int):
     return tuple(a[lo:hi] for a in batch)
 
@@ -133,8 +142,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     per = cfg.batch_size // world
     t0 = time.perf_counter()
     loss_value = float("nan")
+    tokens = 0  # counted as the NumPy trainer counts them: real (unmasked) tokens of the global batch
     for step in range(cfg.steps):  # step numbering, batches and schedule as in the NumPy trainer
-        batch = _slice(batch_for(cfg, data, step), rank * per, (rank + 1) * per)
+        full = batch_for(cfg, data, step)
+        tokens += _tokens(cfg, full)
+        batch = _slice(full, rank * per, (rank + 1) * per)
         loss, _ = _loss(cfg, net, batch, device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -157,8 +169,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if rank == 0:
         if not args.quiet:
             print(file=sys.stderr)
+        wall = time.perf_counter() - t0
         metrics = {"task": cfg.task, "attention": cfg.attention, "steps": cfg.steps, "processes": world,
-                   "train_loss": loss_value, "wall_s": time.perf_counter() - t0}
+                   "train_loss": loss_value, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else None}
         model.eval()
         with torch.no_grad():
             losses, right, count = [], 0, 0
@@ -177,6 +190,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             json.dump({**metrics, "config": dataclasses.asdict(cfg)}, fh, indent=2)
         print(json.dumps(metrics, indent=2))
     if world > 1:
+        # DDP's reducer holds the process group: drop it first so the group is torn down
+        # here, while the interpreter is whole, and not by a destructor during exit (where
+        # gloo's threads have aborted a process with "terminate called without an active
+        # exception" after a finished run)
+        del net, opt
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     return 0
