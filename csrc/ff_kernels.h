@@ -39,6 +39,9 @@ int ff_max_threads(void);
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
         size_t e, size_t m, int causal, real eps, int nthreads);                            \
     void ff_sincos_##sfx(real *s, real *c, const real *x, size_t n);                       \
+    int gelu_forward_##sfx(real *y, real *t, const real *x, size_t n, int nthreads);         \
+    int gelu_backward_##sfx(real *dx, const real *dy, const real *x, const real *t,          \
+                            size_t n, int nthreads);                                        \
     int performer_attention_forward_##sfx(                                                  \
         real *out, int64_t *guard_count, const real *q, const real *k, const real *v,      \
         const real *omega, const uint8_t *key_mask, size_t B, size_t H, size_t Nq,          \

@@ -24,6 +24,7 @@
 #include "softmax.inc"
 #include "linformer.inc"
 #include "trig_export.inc"
+#include "activation.inc"
 #undef FF
 #undef real
 #undef R_EXP
@@ -63,6 +64,7 @@
 #include "softmax.inc"
 #include "linformer.inc"
 #include "trig_export.inc"
+#include "activation.inc"
 
 int ff_openmp_enabled(void)
 {

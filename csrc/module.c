@@ -720,6 +720,94 @@ ENTRY(py_linformer_forward, OP_LINFORMER, 0)
 ENTRY(py_linformer_backward, OP_LINFORMER, 1)
 #undef ENTRY
 
+/* --------------------------------------------------------------- activation */
+
+/* gelu_forward(x) -> (y, w), w = 1 - |tanh u| for the backward: x 1-d float32/64 (the
+ * Python layer passes a flat view) */
+static PyObject *py_gelu_forward(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    PyObject *result = NULL;
+    PyArrayObject *x0 = as_ndarray(arg, "x"), *x = NULL, *y = NULL, *w = NULL;
+    if (!x0)
+        return NULL;
+    const int typenum = PyArray_TYPE(x0);
+    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
+        PyErr_Format(PyExc_TypeError, "x must have dtype float32 or float64, got %S",
+                     (PyObject *)PyArray_DESCR(x0));
+        goto cleanup;
+    }
+    if (!(x = to_array((PyObject *)x0, "x", typenum, 1, "(n,)")))
+        goto cleanup;
+    npy_intp n = PyArray_DIM(x, 0);
+    y = (PyArrayObject *)PyArray_EMPTY(1, &n, typenum, 0);
+    w = (PyArrayObject *)PyArray_EMPTY(1, &n, typenum, 0);
+    if (!y || !w)
+        goto cleanup;
+    const int nt = KERNEL_THREADS();
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT)
+        gelu_forward_f32(PyArray_DATA(y), PyArray_DATA(w), PyArray_DATA(x), (size_t)n, nt);
+    else
+        gelu_forward_f64(PyArray_DATA(y), PyArray_DATA(w), PyArray_DATA(x), (size_t)n, nt);
+    Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(2, y, w);
+cleanup:
+    Py_XDECREF(x0);
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    Py_XDECREF(w);
+    return result;
+}
+
+/* gelu_backward(dy, x, w) -> dx: three 1-d arrays of one dtype and length */
+static PyObject *py_gelu_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dy_obj, *x_obj, *w_obj, *result = NULL;
+    PyArrayObject *x0 = NULL, *dy = NULL, *x = NULL, *w = NULL, *dx = NULL;
+    if (!PyArg_ParseTuple(args, "OOO:gelu_backward", &dy_obj, &x_obj, &w_obj))
+        return NULL;
+    if (!(x0 = as_ndarray(x_obj, "x")))
+        return NULL;
+    const int typenum = PyArray_TYPE(x0);
+    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
+        PyErr_Format(PyExc_TypeError, "x must have dtype float32 or float64, got %S",
+                     (PyObject *)PyArray_DESCR(x0));
+        goto cleanup;
+    }
+    if (!(x = to_array((PyObject *)x0, "x", typenum, 1, "(n,)")) ||
+        !(dy = to_array(dy_obj, "dy", typenum, 1, "(n,)")) ||
+        !(w = to_array(w_obj, "w", typenum, 1, "(n,)")))
+        goto cleanup;
+    npy_intp n = PyArray_DIM(x, 0);
+    if (PyArray_DIM(dy, 0) != n || PyArray_DIM(w, 0) != n) {
+        PyErr_Format(PyExc_ValueError, "dy and w must have x's length %zd, got %zd and %zd",
+                     (Py_ssize_t)n, (Py_ssize_t)PyArray_DIM(dy, 0), (Py_ssize_t)PyArray_DIM(w, 0));
+        goto cleanup;
+    }
+    if (!(dx = (PyArrayObject *)PyArray_EMPTY(1, &n, typenum, 0)))
+        goto cleanup;
+    const int nt = KERNEL_THREADS();
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT)
+        gelu_backward_f32(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w),
+                          (size_t)n, nt);
+    else
+        gelu_backward_f64(PyArray_DATA(dx), PyArray_DATA(dy), PyArray_DATA(x), PyArray_DATA(w),
+                          (size_t)n, nt);
+    Py_END_ALLOW_THREADS
+    result = (PyObject *)dx;
+    dx = NULL;
+cleanup:
+    Py_XDECREF(x0);
+    Py_XDECREF(x);
+    Py_XDECREF(dy);
+    Py_XDECREF(w);
+    Py_XDECREF(dx);
+    return result;
+}
+
 /* ------------------------------------------------------------- test hooks */
 
 /* _sincos(x) -> (sin(x), cos(x)) through the kernels' vectorised trig, x 1-d float32/64 */
@@ -828,6 +916,8 @@ static PyMethodDef methods[] = {
     KERNEL(softmax_backward, "-> (dq, dk, dv)"),
     KERNEL(linformer_forward, "-> out"),
     KERNEL(linformer_backward, "-> (dq, dk, dv, dE, dF)"),
+    {"gelu_forward", py_gelu_forward, METH_O, "gelu_forward(x) -> (y, w = 1 - |tanh u|); x 1-d"},
+    {"gelu_backward", py_gelu_backward, METH_VARARGS, "gelu_backward(dy, x, w) -> dx; all 1-d"},
 {"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},
     {"openmp_enabled", py_openmp_enabled, METH_NOARGS, "True when built with OpenMP"},
     {"set_num_threads", py_set_num_threads, METH_O, "threads for later kernel calls (0 = default)"},

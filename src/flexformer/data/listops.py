@@ -52,9 +52,12 @@ def random_tree(rng: np.random.Generator, budget: int, depth: int = 0, max_depth
     op = OPERATORS[rng.integers(len(OPERATORS))]
     inner = budget - 2
     n = int(rng.integers(2, min(max_args, inner) + 1))
-    cuts = np.sort(rng.choice(np.arange(1, inner), size=n - 1, replace=False))
-    sizes = np.diff(np.concatenate([[0], cuts, [inner]]))
-    return (op, [random_tree(rng, int(b), depth + 1, max_depth, max_args, leaf_prob) for b in sizes])
+    # n - 1 distinct cuts in 1..inner-1, in plain Python (NumPy's per-call overhead on these
+    # few numbers dominated generation); an index + 1 draws exactly what choosing from
+    # arange(1, inner) did, so every seed gives the same expressions as before
+    cuts = [0] + sorted(c + 1 for c in rng.choice(inner - 1, size=n - 1, replace=False).tolist()) + [inner]
+    sizes = [b - a for a, b in zip(cuts, cuts[1:])]
+    return (op, [random_tree(rng, b, depth + 1, max_depth, max_args, leaf_prob) for b in sizes])
 
 
 class ListOps:

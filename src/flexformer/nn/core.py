@@ -12,6 +12,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from .. import _C
+
 
 class Parameter:
     """An array with its gradient. ``kind`` ("weight", "bias", "norm", "embedding" or
@@ -119,19 +121,33 @@ class LayerNorm(Module):
         self.beta = self.add_param("beta", np.zeros(dim, dtype), kind="norm")
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        mu = x.mean(-1, keepdims=True)
-        xc = x - mu
-        inv = 1.0 / np.sqrt((xc * xc).mean(-1, keepdims=True) + self.eps)
-        self._xhat, self._inv = xc * inv, inv
-        return self._xhat * self.gamma.value + self.beta.value
+        # row means as products with a (dim,) vector of 1/dim: a BLAS call is several times
+        # faster than NumPy's reduction over a short last axis (measured at dim 64)
+        dim = x.shape[-1]
+        avg = np.full(dim, 1.0 / dim, x.dtype)
+        xc = x - (x @ avg)[..., None]
+        var = (xc * xc) @ avg
+        var += self.eps
+        inv = 1.0 / np.sqrt(var)[..., None]
+        xc *= inv
+        self._xhat, self._inv = xc, inv
+        y = xc * self.gamma.value
+        y += self.beta.value
+        return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         xhat, inv = self._xhat, self._inv
         dim = xhat.shape[-1]
-        self.gamma.grad += (dy * xhat).reshape(-1, dim).sum(0)
-        self.beta.grad += dy.reshape(-1, dim).sum(0)
+        rows = np.ones(dy.size // dim, dy.dtype)
+        self.gamma.grad += rows @ (dy * xhat).reshape(-1, dim)
+        self.beta.grad += rows @ dy.reshape(-1, dim)
+        avg = np.full(dim, 1.0 / dim, dy.dtype)
         g = dy * self.gamma.value
-        return inv * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+        dx = g - (g @ avg)[..., None]
+        g *= xhat
+        dx -= xhat * (g @ avg)[..., None]
+        dx *= inv
+        return dx
 
 
 _GELU_C = float(np.sqrt(2.0 / np.pi))  # a Python float keeps float32 arrays float32
@@ -140,38 +156,27 @@ _GELU_C = float(np.sqrt(2.0 / np.pi))  # a Python float keeps float32 arrays flo
 class GELU(Module):
     """GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
-    Written as products and in-place updates: NumPy's float32 ``x ** 3`` takes a general
-    power path about 30x slower than ``x * x * x`` (measured), and this layer runs on the
-    widest activations of the model (batch x sequence x 4 dim)."""
+    One C pass per direction (``gelu_forward`` / ``gelu_backward`` in the extension): this
+    layer runs on the model's widest activations (batch x sequence x 4 dim), where NumPy
+    took eight to eleven passes over memory. :func:`gelu_reference` is the NumPy twin."""
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        self._x = x
-        t = x * x
-        t *= _GELU_C * 0.044715
-        t += _GELU_C
-        t *= x
-        np.tanh(t, out=t)
-        self._t = t
-        y = t + 1.0
-        y *= x
-        y *= 0.5
-        return y
+        self._x = np.ascontiguousarray(x)
+        y, self._w = _C.gelu_forward(self._x.reshape(-1))
+        return y.reshape(x.shape)
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) C (1 + 3 * 0.044715 x^2)
-        x, t = self._x, self._t
-        x2 = x * x
-        x2 *= 3 * 0.044715 * _GELU_C
-        x2 += _GELU_C
-        x2 *= x
-        dt = t * t
-        np.subtract(1.0, dt, out=dt)
-        dt *= x2
-        dt += t
-        dt += 1.0
-        dt *= 0.5
-        dt *= dy
-        return dt
+        dx = _C.gelu_backward(np.ascontiguousarray(dy, self._x.dtype).reshape(-1), self._x.reshape(-1), self._w)
+        return dx.reshape(self._x.shape)
+
+
+def gelu_reference(x: np.ndarray, dy: Optional[np.ndarray] = None):
+    """GELU (tanh form) in NumPy: y, or (y, dx) given ``dy``; the twin of the C kernels."""
+    t = np.tanh(_GELU_C * (x + 0.044715 * (x * x * x)))
+    y = 0.5 * x * (1.0 + t)
+    if dy is None:
+        return y
+    return y, dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x))
 
 
 class MLP(Module):

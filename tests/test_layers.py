@@ -1,0 +1,129 @@
+"""The dense layers' forward and backward (GELU, LayerNorm, Linear) against plain NumPy
+formulas and float64 central differences; inputs are not mutated."""
+import numpy as np
+import pytest
+
+import flexformer as ff
+from flexformer import _C
+from flexformer.nn.core import GELU, LayerNorm, Linear, gelu_reference
+
+
+def _numeric_input_grad(f, x, dy, h=1e-6):
+    """d(sum(dy * f(x)))/dx by central differences, element by element."""
+    g = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + h
+        up = float(np.sum(dy * f(x)))
+        flat[i] = old - h
+        down = float(np.sum(dy * f(x)))
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * h)
+    return g
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gelu_matches_the_formula_in_both_dtypes(threads):
+    rng = np.random.default_rng(0)
+    before = ff.get_num_threads()
+    ff.set_num_threads(threads)
+    try:
+        # 3 x 5 x 2,731: several work items and a partial vector; values out to the flat tails
+        x64 = rng.standard_normal((3, 5, 2731)) * 4
+        x64[0, 0, :8] = [0.0, -0.0, 1e-30, -1e-30, 30.0, -30.0, 1e4, -1e4]
+        dy64 = rng.standard_normal(x64.shape)
+        for dtype, tol in ((np.float64, 1e-14), (np.float32, 3e-7)):
+            x, dy = x64.astype(dtype), dy64.astype(dtype)
+            x_copy, dy_copy = x.copy(), dy.copy()
+            layer = GELU()
+            y = layer.forward(x)
+            dx = layer.backward(dy)
+            assert y.dtype == dtype and dx.dtype == dtype and y.shape == x.shape == dx.shape
+            assert np.array_equal(x, x_copy) and np.array_equal(dy, dy_copy)
+            # the float32 rows are compared with the float32 inputs in float64
+            y_want, dx_want = gelu_reference(x.astype(np.float64), dy.astype(np.float64))
+            assert np.max(np.abs(y - y_want)) <= tol * np.max(np.abs(y_want))
+            assert np.max(np.abs(dx - dx_want)) <= tol * np.max(np.abs(dx_want))
+    finally:
+        ff.set_num_threads(before)
+
+
+def test_gelu_gradient_by_central_differences():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 7)) * 2
+    dy = rng.standard_normal(x.shape)
+    layer = GELU()
+    layer.forward(x)
+    got = layer.backward(dy)
+    want = _numeric_input_grad(lambda z: GELU().forward(z), x.copy(), dy)
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9)
+
+
+def test_gelu_nan_and_non_contiguous_input():
+    x = np.linspace(-3, 3, 40).reshape(8, 5).T  # a transposed (non-contiguous) view
+    layer = GELU()
+    np.testing.assert_allclose(layer.forward(x), gelu_reference(x), rtol=1e-14, atol=1e-15)
+    z = np.array([1.0, np.nan, -2.0])
+    y = GELU().forward(z)
+    assert np.isnan(y[1]) and np.isfinite(y[[0, 2]]).all()
+    layer = GELU()
+    layer.forward(z)
+    assert np.isnan(layer.backward(np.ones(3))[1])
+
+
+def test_gelu_kernel_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="x must have dtype float32 or float64"):
+        _C.gelu_forward(np.arange(4))
+    with pytest.raises(ValueError, match="x must be a 1-d array"):
+        _C.gelu_forward(np.zeros((2, 2)))
+    y, w = _C.gelu_forward(np.zeros(4))
+    with pytest.raises(ValueError, match="dy and w must have x's length 4"):
+        _C.gelu_backward(np.zeros(3), np.zeros(4), w)
+    with pytest.raises(TypeError, match="dy must have dtype float64"):
+        _C.gelu_backward(np.zeros(4, np.float32), np.zeros(4), w)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_layer_norm_matches_the_formula(dtype):
+    rng = np.random.default_rng(2)
+    x64 = rng.standard_normal((4, 9, 24)) * 3 + 1.5
+    dy64 = rng.standard_normal(x64.shape)
+    layer = LayerNorm(24, dtype=dtype)
+    layer.gamma.value[:] = rng.standard_normal(24)
+    layer.beta.value[:] = rng.standard_normal(24)
+    x, dy = x64.astype(dtype), dy64.astype(dtype)
+    x_copy = x.copy()
+    y = layer.forward(x)
+    dx = layer.backward(dy)
+    assert np.array_equal(x, x_copy) and y.dtype == dtype and dx.dtype == dtype
+    g, b = layer.gamma.value.astype(np.float64), layer.beta.value.astype(np.float64)
+    xd, dyd = x.astype(np.float64), dy.astype(np.float64)
+    mu = xd.mean(-1, keepdims=True)
+    sd = np.sqrt(((xd - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    xhat = (xd - mu) / sd
+    gd = dyd * g
+    dx_want = (gd - gd.mean(-1, keepdims=True) - xhat * (gd * xhat).mean(-1, keepdims=True)) / sd
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    assert np.max(np.abs(y - (xhat * g + b))) <= tol * 10
+    assert np.max(np.abs(dx - dx_want)) <= tol * np.max(np.abs(dx_want))
+    np.testing.assert_allclose(layer.gamma.grad, (dyd * xhat).reshape(-1, 24).sum(0), rtol=tol * 10, atol=tol * 10)
+    np.testing.assert_allclose(layer.beta.grad, dyd.reshape(-1, 24).sum(0), rtol=tol * 10, atol=tol * 10)
+
+
+def test_layer_norm_and_linear_gradients_by_central_differences():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 6))
+    dy = rng.standard_normal((2, 3, 6))
+    norm = LayerNorm(6, dtype=np.float64)
+    norm.gamma.value[:] = rng.standard_normal(6)
+    norm.forward(x)
+    got = norm.backward(dy)
+    np.testing.assert_allclose(got, _numeric_input_grad(norm.forward, x.copy(), dy), rtol=1e-6, atol=1e-8)
+    lin = Linear(6, 4, rng, dtype=np.float64)
+    dy4 = rng.standard_normal((2, 3, 4))
+    lin.forward(x)
+    got = lin.backward(dy4)
+    np.testing.assert_allclose(got, _numeric_input_grad(lin.forward, x.copy(), dy4), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(lin.W.grad, x.reshape(-1, 6).T @ dy4.reshape(-1, 4), rtol=1e-12)
+    np.testing.assert_allclose(lin.b.grad, dy4.reshape(-1, 4).sum(0), rtol=1e-12)
