@@ -54,3 +54,52 @@ def test_rfa_is_flex_s_with_frozen_frequencies():
     params = rfa.init(2, 4, rng=6)
     np.testing.assert_array_equal(rfa.forward(q, k, v, params), flex.forward(q, k, v, params))
     assert rfa.backward(np.ones((1, 2, 20, 4)), q, k, v, params)[3] == {}
+
+
+@pytest.mark.parametrize("name", ff.attention_kinds())
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_masked_keys_are_never_read(name, causal):
+    """NaN and inf stored at masked key positions change nothing: outputs and gradients equal,
+    bit for bit, those with zeros there (and dk, dv are 0 at the masked positions)."""
+    kind = ff.get_attention(name)
+    if causal and not kind.causal:
+        pytest.skip(f"{name} has no causal mode")
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 2, 70, 3)) * 0.5 for _ in range(3))
+    do = rng.standard_normal(v.shape)
+    params = kind.init(2, 3, num_features=4, max_len=70, rng=1)
+    mask = random_mask(2, 70, seed=6)
+    mask[:, 0] = True  # every query sees a key in causal mode too
+    clean_k, clean_v = k.copy(), v.copy()
+    clean_k[~mask[:, None, :, None].repeat(2, 1).repeat(3, 3)] = 0
+    clean_v[~mask[:, None, :, None].repeat(2, 1).repeat(3, 3)] = 0
+    dirty_k, dirty_v = clean_k.copy(), clean_v.copy()
+    hidden = np.argwhere(~mask)
+    for n, (b, j) in enumerate(hidden):
+        dirty_k[b, :, j] = [np.nan, np.inf, -np.inf][n % 3]
+        dirty_v[b, :, j] = [np.inf, np.nan, -np.inf][n % 3]
+    want = kind.forward(q, clean_k, clean_v, params, causal=causal, key_mask=mask)
+    got = kind.forward(q, dirty_k, dirty_v, params, causal=causal, key_mask=mask)
+    assert np.array_equal(got, want)
+    want_g = kind.backward(do, q, clean_k, clean_v, params, causal=causal, key_mask=mask)
+    got_g = kind.backward(do, q, dirty_k, dirty_v, params, causal=causal, key_mask=mask)
+    for g, w in zip(got_g[:3], want_g[:3]):
+        assert np.array_equal(g, w)
+    for n in want_g[3]:
+        assert np.array_equal(got_g[3][n], want_g[3][n]), n
+    for b, j in hidden:
+        assert not got_g[1][b, :, j].any() and not got_g[2][b, :, j].any()
+
+
+@pytest.mark.parametrize("name", ff.attention_kinds())
+def test_nan_in_a_query_row_gives_nan_in_that_row_only(name):
+    kind = ff.get_attention(name)
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 20, 3)) * 0.5 for _ in range(3))
+    params = kind.init(2, 3, num_features=4, max_len=20, rng=1)
+    q[0, 1, 4, 0] = np.nan
+    out = kind.forward(q, k, v, params)
+    assert np.isnan(out[0, 1, 4]).all()
+    rest = np.ones(out.shape, bool)
+    rest[0, 1, 4] = False
+    assert np.isfinite(out[rest]).all()

@@ -145,7 +145,10 @@ def _elu_backward(dout, q, k, v, p, causal, mask, **kw):
     q, k = np.asarray(q), np.asarray(k)
     dpq, dpk, dv = lin.linear_attention_backward(dout, _elu1(q).astype(q.dtype), _elu1(k).astype(k.dtype),
                                                  v, causal=causal, key_mask=mask, **kw)
-    return (dpq * _elu1_grad(q)).astype(q.dtype), (dpk * _elu1_grad(k)).astype(k.dtype), dv
+    dk = (dpk * _elu1_grad(k)).astype(k.dtype)
+    if mask is not None:  # 0, not 0 * elu'(k): whatever a masked key holds is never read
+        dk[~np.broadcast_to(np.asarray(mask, bool)[:, None, :, None], dk.shape)] = 0
+    return (dpq * _elu1_grad(q)).astype(q.dtype), dk, dv
 
 
 _KINDS: Dict[str, AttentionKind] = {}
