@@ -42,7 +42,7 @@ def main(argv=None):
             label, seed, extra = todo.pop(0)
             out = os.path.join(root, f"{label}-s{seed}-t{args.threads}")
             cmd = [sys.executable, "-m", "flexformer", "train", *extra, "--seed", str(seed), "--threads",
-                   str(args.threads), "--quiet", "--out", out]
+                   str(args.threads), "--quiet", "--out", out, "--overwrite"]
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
             running.append((proc, label, seed, out, extra, time.time()))
         time.sleep(0.5)

@@ -133,7 +133,8 @@ def _config_from(args):
 
     return TrainConfig(task=args.task, attention=args.attention, dim=args.dim, depth=args.depth,
                        heads=args.heads, num_features=args.features, linformer_sharing=args.linformer_sharing,
-                       positional=args.positional, seq_len=args.seq_len, steps=args.steps or TrainConfig.steps,
+                       positional=args.positional, seq_len=args.seq_len,
+                       steps=TrainConfig.steps if args.steps is None else args.steps,
                        batch_size=args.batch_size, lr=args.lr,
                        weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
                        threads=args.threads, data_dir=args.data_dir, eval_batches=args.eval_batches,
@@ -144,18 +145,70 @@ def _config_from(args):
                        qk_norm=args.qk_norm)
 
 
-def train_command(args) -> int:
-    from .training import train
+#: train flags that may differ from a resumed run's saved configuration (runtime only, or
+#: the new total); any other flag given with --resume must repeat the saved value
+RESUME_MAY_CHANGE = ("steps", "threads", "quiet", "resume")
+#: where a train flag's value lives in TrainConfig, when the names differ
+_CONFIG_NAME = {"features": "num_features", "kernel_init_fixed_tau": "kernel_init_match_tau"}
+
+
+def _given_options(parser: argparse.ArgumentParser, argv: List[str]) -> List[argparse.Action]:
+    """The actions of ``parser`` whose option strings appear in ``argv``."""
+    given = []
+    for action in parser._actions:
+        if any(tok == o or tok.startswith(o + "=") for o in action.option_strings for tok in argv):
+            given.append(action)
+    return given
+
+
+def check_resume_flags(args, argv: List[str], parser: argparse.ArgumentParser, saved: "TrainConfig") -> None:
+    """ValueError when a flag given with --resume contradicts the saved configuration."""
+    for action in _given_options(parser, argv):
+        dest = action.dest
+        if dest in RESUME_MAY_CHANGE or dest == "help":
+            continue
+        if dest == "out":
+            if os.path.abspath(args.out) != os.path.abspath(args.resume):
+                raise ValueError(f"--out {args.out} contradicts --resume {args.resume} (a resumed run stays in its "
+                                 f"folder)")
+            continue
+        value = getattr(args, dest)
+        field = _CONFIG_NAME.get(dest, dest)
+        if dest == "kernel_init_fixed_tau":
+            value = not value
+        if dest == "attention_eps" and value is None:
+            continue
+        have = getattr(saved, field)
+        if value != have:
+            flag = action.option_strings[0]
+            raise ValueError(f"{flag} {getattr(args, dest)} contradicts the resumed run's saved {field} {have!r}; "
+                             f"drop the flag (a resumed run keeps its configuration; --steps and --threads may change)")
+
+
+def train_command(args, argv: Optional[List[str]] = None, parser: Optional[argparse.ArgumentParser] = None) -> int:
+    from .training import TrainConfig, load_checkpoint, train
 
     cfg = _config_from(args)
     if args.resume:
         out = args.resume
+        ckpt = os.path.join(out, "checkpoint.npz")
+        if not os.path.isfile(ckpt):
+            raise FileNotFoundError(f"--resume {out}: no checkpoint.npz there")
+        _, _, meta = load_checkpoint(ckpt)
+        try:
+            saved = TrainConfig.from_saved(meta.get("config"))
+        except TypeError as exc:
+            raise ValueError(f"{ckpt} does not hold a resumable run ({exc})") from None
+        if parser is not None and argv is not None:
+            check_resume_flags(args, argv, parser, saved)
+        cfg = saved
     else:
         out = args.out or os.path.join("runs", f"{cfg.task}-{cfg.attention}-{time.strftime('%Y%m%d-%H%M%S')}")
         cfg.validate()
     print(f"flexformer train: task {cfg.task}, attention {cfg.attention}, writing to {out}", file=sys.stderr)
     metrics = train(cfg, out, resume=bool(args.resume), progress=not args.quiet,
-                    steps=args.steps if args.resume else None)
+                    steps=args.steps if args.resume else None, overwrite=args.overwrite,
+                    threads=args.threads if args.resume and args.threads else None)
     shown = {k: v for k, v in metrics.items() if k != "config"}
     print(json.dumps(shown, indent=2))
     if metrics.get("interrupted"):
@@ -167,6 +220,11 @@ def compare_command(args) -> int:
     """Each attention kind x seed in its own process (peak memory per run), same budget."""
     kinds = [k.strip() for k in args.attentions.split(",") if k.strip()]
     from .registry import get_attention
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if not kinds:
+        raise ValueError("--attentions must name at least one attention kind")
 
     for k in kinds:
         get_attention(k)
@@ -209,6 +267,10 @@ def compare_command(args) -> int:
         print(f"| {kind} | {vals.mean():.4f} ± {vals.std():.4f} | {np.mean([m['eval_loss'] for m in res]):.4f} | "
               f"{np.mean([m['tokens_per_s'] for m in res]):,.0f} | {np.max([m['peak_mib'] for m in res]):.0f} | "
               f"{len(res)} |")
+    failed = [kind for kind, res in rows if len(res) < args.seeds]
+    if failed:
+        print(f"error: runs failed for {', '.join(failed)} (see above)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -217,12 +279,19 @@ def generate_command(args) -> int:
 
     if args.threads is not None:
         set_num_threads(args.threads)
+    if args.tokens < 0:
+        raise ValueError(f"--tokens must be >= 0, got {args.tokens}")
+    if not (np.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     model, cfg, meta = load_model(args.checkpoint)
     if cfg.task != "text-lm":
         raise ValueError(f"{args.checkpoint} is a {cfg.task} model; generate needs a text-lm checkpoint "
                          f"(python -m flexformer train --task text-lm --data-dir ...)")
-    if args.tokens < 0:
-        raise ValueError(f"--tokens must be >= 0, got {args.tokens}")
+    vocab = model.head.W.value.shape[1]
+    if args.top_k is not None and args.top_k > vocab:
+        raise ValueError(f"--top-k must be at most the model's vocabulary, {vocab}, got {args.top_k}")
     prompt = np.frombuffer(args.prompt.encode("utf-8"), dtype=np.uint8).astype(np.int64)
     if prompt.size == 0:
         raise ValueError("--prompt must not be empty")
@@ -293,9 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command")
     t = sub.add_parser("train", help="train and evaluate a model (default: flex_n on ListOps)")
+    parser.train_parser = t  # train_command reads which flags were given (for --resume)
     _train_args(t)
     t.add_argument("--out", default=None, help="run folder (default: a new one under runs/)")
-    t.add_argument("--resume", default=None, metavar="DIR", help="continue the run saved in DIR")
+    t.add_argument("--resume", default=None, metavar="DIR", help="continue the run saved in DIR (only --steps, "
+                   "a new total, and --threads may differ from its saved configuration)")
+    t.add_argument("--overwrite", action="store_true", help="replace the run already in --out (without it, "
+                   "a folder that holds a run is refused)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     c = sub.add_parser("compare", help="several attention kinds under one budget: a markdown table")
     c.add_argument("--attentions", default="softmax,flex_s,flex_n,rfa,performer,hedgehog,linformer")
@@ -367,7 +440,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "train":
-            return train_command(args)
+            return train_command(args, argv, parser.train_parser)
         if args.command == "compare":
             args.train_args = [a for a in extra if a != "--"]
             return compare_command(args)

@@ -19,3 +19,21 @@ def check_real(name: str, value: Any, *, optional: bool = False):
         kind = "a float or None" if optional else "a float"
         raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
     return float(value)
+
+
+def check_overflow(function: str, results, inputs, hint: str) -> None:
+    """FloatingPointError when a kernel's ``results`` hold NaN or inf although every array in
+    ``inputs`` is finite: the computation overflowed the dtype. (NaN or inf in the inputs
+    pass through to the rows they reach, as documented.) One float64 sum per result on the
+    common path; the element-wise checks run only when a sum is not finite."""
+    for r in results if isinstance(results, tuple) else (results,):
+        if not isinstance(r, np.ndarray) or r.dtype.kind != "f" or np.isfinite(np.add.reduce(r, axis=None,
+                                                                                            dtype=np.float64)):
+            continue
+        if np.isfinite(r).all():
+            continue  # the float64 sum overflowed, the entries did not
+        if all(np.isfinite(np.asarray(a)).all() for a in inputs if a is not None):
+            raise FloatingPointError(
+                f"{function}: the result overflowed {r.dtype} although every input is finite ({hint}); "
+                f"scale the inputs down or use float64")
+        return

@@ -34,7 +34,7 @@ from typing import Optional, Tuple, Union
 import numpy as np
 
 from . import _C
-from ._checks import check_bool, check_real
+from ._checks import check_bool, check_overflow, check_real
 
 DEFAULT_EPS = 1e-4
 
@@ -46,6 +46,10 @@ def _check_flags(causal: bool, eps: float) -> None:
     check_real("eps", eps)
 
 
+_OVERFLOW_HINT = ("the feature maps are exp(|x|^2 / exp(tau)) or exp(w.x) in the dtype: large |q|, |k| "
+                  "or frequencies, or a tau far below 0, overflow it")
+
+
 def _forward(kernel, *arrays, causal, key_mask, eps, return_guard_count, return_key_state):
     """Run a forward kernel and shape the result: out, then the guard count and the key
     state when asked for."""
@@ -53,13 +57,16 @@ def _forward(kernel, *arrays, causal, key_mask, eps, return_guard_count, return_
     want = check_bool("return_key_state", return_key_state)
     check_bool("return_guard_count", return_guard_count)
     res = kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), return_key_state=want)
+    check_overflow(kernel.__name__.replace("_forward", "_attention"), res[0], arrays, _OVERFLOW_HINT)
     picked = (res[0],) + ((res[1],) if return_guard_count else ()) + ((res[2],) if want else ())
     return picked[0] if len(picked) == 1 else picked
 
 
 def _backward(kernel, *arrays, causal, key_mask, eps, key_state):
     _check_flags(causal, eps)
-    return kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), key_state=key_state)
+    res = kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), key_state=key_state)
+    check_overflow(kernel.__name__.replace("_backward", "_attention_backward"), res, arrays, _OVERFLOW_HINT)
+    return res
 
 
 def flex_s_attention(

@@ -10,7 +10,10 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import _C
-from ._checks import check_bool, check_real
+from ._checks import check_bool, check_overflow, check_real
+
+
+_SOFTMAX_HINT = "the logits q.k * scale overflow it: large |q|, |k| or scale"
 
 
 def _check(causal: bool, scale: Optional[float]) -> None:
@@ -48,8 +51,10 @@ def softmax_attention(
     ndarray (B, H, Nq, e)
     """
     _check(causal, scale)
-    return _C.softmax_forward(q, k, v, key_mask=key_mask, causal=bool(causal),
-                              scale=None if scale is None else float(scale))
+    out = _C.softmax_forward(q, k, v, key_mask=key_mask, causal=bool(causal),
+                             scale=None if scale is None else float(scale))
+    check_overflow("softmax_attention", out, (q, k, v), _SOFTMAX_HINT)
+    return out
 
 
 def softmax_attention_backward(
@@ -64,8 +69,10 @@ def softmax_attention_backward(
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(dq, dk, dv)`` of :func:`softmax_attention` (recomputes the forward)."""
     _check(causal, scale)
-    return _C.softmax_backward(dout, q, k, v, key_mask=key_mask, causal=bool(causal),
-                               scale=None if scale is None else float(scale))
+    res = _C.softmax_backward(dout, q, k, v, key_mask=key_mask, causal=bool(causal),
+                              scale=None if scale is None else float(scale))
+    check_overflow("softmax_attention_backward", res, (dout, q, k, v), _SOFTMAX_HINT)
+    return res
 
 
 def linformer_attention(
@@ -103,8 +110,10 @@ def linformer_attention(
     ndarray (B, H, Nq, e)
     """
     _check(causal, scale)
-    return _C.linformer_forward(q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
-                                scale=None if scale is None else float(scale))
+    out = _C.linformer_forward(q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
+                               scale=None if scale is None else float(scale))
+    check_overflow("linformer_attention", out, (q, k, v, E, F), _SOFTMAX_HINT)
+    return out
 
 
 def linformer_attention_backward(
@@ -122,5 +131,7 @@ def linformer_attention_backward(
     """Gradients ``(dq, dk, dv, dE, dF)`` of :func:`linformer_attention`; dE and dF have
     the shapes of E and F (columns at or beyond Nk, and of masked keys, are zero)."""
     _check(causal, scale)
-    return _C.linformer_backward(dout, q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
-                                 scale=None if scale is None else float(scale))
+    res = _C.linformer_backward(dout, q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
+                                scale=None if scale is None else float(scale))
+    check_overflow("linformer_attention_backward", res, (dout, q, k, v, E, F), _SOFTMAX_HINT)
+    return res

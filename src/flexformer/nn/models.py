@@ -202,11 +202,13 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: Optional[int], r
     z = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
         return int(np.argmax(z))
-    z = z / temperature
     if top_k is not None and top_k < z.size:
         cut = np.partition(z, -top_k)[-top_k]
         z = np.where(z >= cut, z, -np.inf)
-    p = np.exp(z - z.max())
+    # shift before dividing: a tiny temperature sends the others to -inf, never inf - inf
+    with np.errstate(over="ignore"):
+        z = (z - z.max()) / temperature
+    p = np.exp(z)
     p /= p.sum()
     return int(rng.choice(z.size, p=p))
 

@@ -12,6 +12,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 FORMAT = "flexformer-checkpoint-1"
+TEMP_PREFIX = ".checkpoint-"
 
 
 def save(path: str, params: Dict[str, np.ndarray], opt_state: Dict[str, np.ndarray], meta: dict) -> None:
@@ -19,8 +20,9 @@ def save(path: str, params: Dict[str, np.ndarray], opt_state: Dict[str, np.ndarr
     arrays.update({"opt/" + k: v for k, v in opt_state.items()})
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, **meta}))
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".tmp", dir=folder)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # as open() makes metrics.json (mkstemp makes 0600)
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
             fh.flush()
@@ -32,17 +34,45 @@ def save(path: str, params: Dict[str, np.ndarray], opt_state: Dict[str, np.ndarr
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temporaries(folder: str) -> int:
+    """Remove the temporary files of checkpoint writes that never finished (a killed
+    process leaves them); returns how many. Call before a run starts writing there."""
+    removed = 0
+    for name in os.listdir(folder):
+        if name.startswith(TEMP_PREFIX) and name.endswith(".tmp"):
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], dict]:
     """(params, optimiser state, meta); ValueError for a file that is not a complete
     flexformer checkpoint (truncated, corrupted or something else)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy under this name
+            raise ValueError("a single array, not an .npz archive")
+        with loaded as z:
             data = {k: z[k] for k in z.files}
         meta = json.loads(str(data.pop("meta")))
+    except MemoryError:
+        raise ValueError(f"{path} is not a readable flexformer checkpoint (an array header claims more memory "
+                         f"than there is)") from None
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError) as exc:
         raise ValueError(f"{path} is not a readable flexformer checkpoint ({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} is not a flexformer checkpoint (its meta is a {type(meta).__name__}, not an object)")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a flexformer checkpoint (format {meta.get('format')!r})")
     params = {k[6:]: v for k, v in data.items() if k.startswith("param/")}

@@ -6,8 +6,10 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -74,6 +76,25 @@ class TrainConfig:
         """The configuration stored in a checkpoint, with the earlier meaning of fields it lacks."""
         if not isinstance(saved, dict):
             raise TypeError(f"the saved configuration must be a dict, got {type(saved).__name__}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(saved) - set(fields))
+        if unknown:
+            raise TypeError(f"the saved configuration has unknown field(s) {', '.join(unknown)}")
+        for name, value in saved.items():
+            default = fields[name].default
+            if default is None:  # optional fields: a number or a path, or None
+                ok = value is None or (isinstance(value, (int, float, str)) and not isinstance(value, bool))
+            elif isinstance(default, bool):
+                ok = isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
+            elif isinstance(default, int):
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif isinstance(default, float):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                raise TypeError(f"the saved configuration's {name} is {value!r}, expected a value like "
+                                f"{default!r}")
         return cls(**{**cls.LEGACY, **saved})
 
     def kernel_init(self) -> dict:
@@ -88,8 +109,16 @@ class TrainConfig:
         for name in ("dim", "depth", "heads", "seq_len", "steps", "batch_size", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if not (math.isfinite(self.clip) and self.clip >= 0):
+            raise ValueError(f"clip must be a finite number >= 0 (0 = no clipping), got {self.clip}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
         try:
@@ -135,6 +164,33 @@ def model_for_config(cfg: TrainConfig, vocab: int, num_classes: Optional[int], m
     return EncoderClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
 
 
+def check_saved_sizes(cfg: TrainConfig, params: dict, where: str) -> None:
+    """The sizes a saved configuration claims (width, depth, features) against the saved
+    arrays, before a model of that size is built: a small file cannot make us allocate a
+    large model. ValueError naming the first disagreement."""
+    def fail(what):
+        raise ValueError(f"{where} does not match its saved configuration: {what}")
+
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        fail(exc)
+    for name, value in params.items():
+        if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+            fail(f"parameter {name} is not a floating-point array")
+    embed = params["backbone.embed.W"]
+    if embed.ndim != 2 or embed.shape[1] != cfg.dim:
+        fail(f"backbone.embed.W has shape {embed.shape}, the configuration's dim is {cfg.dim}")
+    blocks = {int(n.split(".")[2]) for n in params if n.startswith("backbone.blocks.") and n.split(".")[2].isdigit()}
+    if blocks != set(range(cfg.depth)):
+        fail(f"the parameters hold blocks {sorted(blocks)}, the configuration's depth is {cfg.depth}")
+    if cfg.dim % cfg.heads:
+        fail(f"dim {cfg.dim} is not a multiple of heads {cfg.heads}")
+    kernel = [v for n, v in params.items() if ".attn.attn." in n and v.ndim >= 2]
+    if cfg.num_features is not None and kernel and not any(cfg.num_features in v.shape for v in kernel):
+        fail(f"no attention-kernel array has the configuration's {cfg.num_features} features")
+
+
 def load_model(path: str):
     """(model, cfg, meta) from a run folder or a checkpoint.npz written by :func:`train`.
 
@@ -146,8 +202,9 @@ def load_model(path: str):
         cfg = TrainConfig.from_saved(meta["config"])
         vocab = params["backbone.embed.W"].shape[0]
         classes = params["head.W"].shape[1]
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"{ckpt} does not hold a flexformer model ({exc})") from None
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"{ckpt} does not hold a flexformer model ({exc.__class__.__name__}: {exc})") from None
+    check_saved_sizes(cfg, params, ckpt)
     max_len = params["backbone.pos.P"].shape[0] if "backbone.pos.P" in params else (
         784 if cfg.task == "fmnist" else cfg.seq_len)
     model = model_for_config(cfg, vocab, None if cfg.task == "text-lm" else classes, max_len)
@@ -246,25 +303,85 @@ def _progress(step, total, loss, tok_s, start, stream):
     stream.flush()
 
 
+RUN_FILES = ("checkpoint.npz", "metrics.json", "diagnostics.jsonl")
+
+
+def _prepare_run_folder(out_dir: str, *, resume: bool, overwrite: bool) -> bool:
+    """Check ``out_dir`` before any work: a new run never replaces a finished one unless
+    ``overwrite``; a resumed one needs its checkpoint. Creates the folder, checks that it
+    is writable, and removes temporary checkpoint files a killed run left. Returns True
+    when the folder was created here."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"the run folder {out_dir} is a file, not a folder")
+    if resume:
+        if not os.path.isfile(os.path.join(out_dir, "checkpoint.npz")):
+            raise FileNotFoundError(f"no checkpoint.npz in {out_dir} to resume")
+    elif not overwrite and os.path.isdir(out_dir):
+        held = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
+        if held:
+            raise ValueError(f"{out_dir} already holds a run ({', '.join(held)}); continue it with --resume "
+                             f"{out_dir}, choose another --out, or pass --overwrite to replace it")
+    created = not os.path.isdir(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write-probe-"):
+            pass
+    except OSError as exc:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise ValueError(f"cannot write to the run folder {out_dir} ({exc.strerror or exc})") from None
+    checkpoint.remove_stale_temporaries(out_dir)
+    return created
+
+
 def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, progress: bool = True,
-          stop_at: Optional[int] = None, steps: Optional[int] = None, stream=sys.stderr) -> dict:
+          stop_at: Optional[int] = None, steps: Optional[int] = None, stream=sys.stderr,
+          overwrite: bool = False, threads: Optional[int] = None) -> dict:
     """Train, evaluate and write ``checkpoint.npz`` and ``metrics.json`` into ``out_dir``.
 
-    With ``resume`` the run continues from ``out_dir/checkpoint.npz`` with its saved
-    configuration (``cfg`` is ignored; ``steps`` sets a new total) and, unless the total
-    changed, ends with the same parameters an uninterrupted run would have. ``stop_at`` ends the session after that
-    step with a checkpoint, as Ctrl-C does (for time-sliced jobs). Returns the metrics."""
+    A folder that already holds a run is refused unless ``overwrite`` (then its files are
+    replaced). With ``resume`` the run continues from ``out_dir/checkpoint.npz`` with its saved
+    configuration (``cfg`` is ignored; ``steps`` sets a new total, which must be past the
+    saved step) and, unless the total changed, ends with the same parameters an
+    uninterrupted run would have. ``stop_at`` ends the session after that step with a
+    checkpoint, as Ctrl-C does (for time-sliced jobs). A checkpoint is written only when
+    every parameter is finite. ``threads`` (kernel threads for this session) overrides the
+    configuration's without changing the results. Returns the metrics."""
+    if not resume:
+        cfg.validate()  # before the folder is touched
+    created = _prepare_run_folder(out_dir, resume=resume, overwrite=overwrite)
+    try:
+        return _train(cfg, out_dir, resume=resume, progress=progress, stop_at=stop_at, steps=steps,
+                      stream=stream, threads=threads)
+    except BaseException:
+        if created and not os.listdir(out_dir):  # a failed start leaves no empty folder behind
+            os.rmdir(out_dir)
+        raise
+
+
+def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -> dict:
     ckpt_path = os.path.join(out_dir, "checkpoint.npz")
-    os.makedirs(out_dir, exist_ok=True)
     start_step, saved = 0, None
     if resume:
         params, opt_state, meta = checkpoint.load(ckpt_path)
-        cfg = TrainConfig.from_saved(meta["config"])
-        start_step = int(meta["step"])
+        try:
+            cfg = TrainConfig.from_saved(meta["config"])
+            start_step = meta["step"]
+            if not isinstance(start_step, int) or isinstance(start_step, bool) or start_step < 0:
+                raise TypeError(f"step must be an integer >= 0, got {start_step!r}")
+            params["backbone.embed.W"], params["head.W"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{ckpt_path} does not hold a resumable run ({exc.__class__.__name__}: {exc})") from None
+        check_saved_sizes(cfg, params, ckpt_path)
         saved = (params, opt_state)
     if steps is not None:
         cfg.steps = steps
     cfg.validate()
+    if resume and start_step >= cfg.steps:
+        raise ValueError(f"the run in {out_dir} is finished ({start_step} of {cfg.steps} steps); give a new "
+                         f"total with --steps N, N > {start_step}, to train it further")
+    if threads is not None:
+        cfg.threads = threads
     if cfg.threads:
         _C.set_num_threads(cfg.threads)
     data = build_data(cfg)
@@ -272,16 +389,21 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
     named = model.named_parameters()
     opt = AdamW(named, lr=cfg.lr, weight_decay=cfg.weight_decay, kernel_lr_scale=cfg.kernel_lr_scale)
     if saved:
-        model.load_parameters(saved[0])
-        opt.load_state(saved[1])
+        try:
+            model.load_parameters(saved[0])
+            opt.load_state(saved[1])
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"{ckpt_path} does not match its saved configuration: {exc}") from None
 
     def write_checkpoint(step):
         checkpoint.save(ckpt_path, model.parameters(), opt.state(),
                         {"step": step, "config": dataclasses.asdict(cfg)})
 
     diag_path = os.path.join(out_dir, "diagnostics.jsonl")
-    if not resume and os.path.exists(diag_path):
-        os.remove(diag_path)
+    if not resume:  # overwrite: the replaced run's files go before this one writes any
+        for name in RUN_FILES:
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
     last_diag = None
 
     def record_diagnostics(step, loss):
@@ -319,6 +441,11 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
                 reason = f"gradient norm became {norm} at step {step}; stopped with the last good checkpoint kept"
                 break
             opt.step(lr_at(step, base_lr=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
+            bad = next((name for name, p in named if not np.isfinite(p.value).all()), None)
+            if bad is not None:
+                reason = (f"parameter {bad} became non-finite at step {step}; stopped with the last good "
+                          f"checkpoint kept")
+                break
             if diag_due:
                 write_diagnostics()
             step += 1

@@ -60,7 +60,21 @@ class AdamW:
         return out
 
     def load_state(self, state: Dict[str, np.ndarray]) -> None:
-        self.t = int(state["t"])
+        """Restore :meth:`state`; KeyError names a missing entry, ValueError a wrong shape or
+        a negative or non-finite value (never broadcast)."""
+        t = np.asarray(state["t"])
+        if t.shape != () or t.dtype.kind not in "iu" or int(t) < 0:
+            raise ValueError(f"optimiser step t must be an integer >= 0, got {t!r}")
+        for name, _ in self.params:
+            for key, have in (("m/" + name, self.m[name]), ("v/" + name, self.v[name])):
+                if key not in state:
+                    raise KeyError(f"missing optimiser state {key!r}")
+                value = np.asarray(state[key])
+                if value.shape != have.shape:
+                    raise ValueError(f"optimiser state {key!r} has shape {value.shape}, the parameter {have.shape}")
+                if value.dtype.kind != "f" or not np.isfinite(value).all() or (key[0] == "v" and (value < 0).any()):
+                    raise ValueError(f"optimiser state {key!r} must be finite (and >= 0 for v)")
+        self.t = int(t)
         for name, _ in self.params:
             self.m[name][...] = state["m/" + name]
             self.v[name][...] = state["v/" + name]

@@ -1,0 +1,244 @@
+"""Run folders, checkpoints and resume under a hostile user: nothing lost, nothing silent.
+Each refusal is one error line (exit 2) that names the argument."""
+import json
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+from flexformer.training import TrainConfig, load_checkpoint, load_model, train
+from flexformer.training import checkpoint as ckpt_mod
+
+TINY = ["--steps", "3", "--seq-len", "32", "--dim", "16", "--heads", "2", "--depth", "1", "--batch-size", "4",
+        "--eval-batches", "1", "--threads", "1", "--quiet"]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "flexformer", *args], capture_output=True, text=True,
+                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+
+
+def one_error_line(done):
+    assert done.returncode == 2, done.stderr
+    lines = [ln for ln in done.stderr.strip().splitlines() if not ln.startswith("flexformer train:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def small(**kw):
+    base = dict(task="listops", dim=16, depth=1, heads=2, seq_len=32, steps=4, batch_size=4, eval_batches=1,
+                threads=1, checkpoint_every=2)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    run = tmp_path_factory.mktemp("runs") / "done"
+    done = cli("train", *TINY, "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    return run
+
+
+def test_a_finished_run_is_never_overwritten(finished, tmp_path):
+    before = {f: (finished / f).read_bytes() for f in ("checkpoint.npz", "metrics.json")}
+    line = one_error_line(cli("train", *TINY, "--task", "listops", "--out", str(finished)))
+    assert "already holds a run" in line and "--resume" in line and "--overwrite" in line
+    assert {f: (finished / f).read_bytes() for f in before} == before
+    # --overwrite replaces it, on purpose
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f, data in before.items():
+        (copy / f).write_bytes(data)
+    done = cli("train", *TINY, "--seed", "5", "--out", str(copy), "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((copy / "metrics.json").read_text())["seed"] == 5
+    # an empty folder (e.g. from mkdtemp) is fine
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("train", *TINY, "--out", str(empty)).returncode == 0
+
+
+def test_resume_of_a_finished_run_keeps_its_metrics(finished):
+    metrics = (finished / "metrics.json").read_bytes()
+    line = one_error_line(cli("train", "--resume", str(finished)))
+    assert "is finished (3 of 3 steps)" in line and "--steps" in line
+    assert (finished / "metrics.json").read_bytes() == metrics
+
+
+def test_resume_refuses_contradicting_flags(finished):
+    line = one_error_line(cli("train", "--resume", str(finished), "--steps", "5", "--attention", "softmax"))
+    assert "--attention softmax" in line and "'flex_n'" in line
+    line = one_error_line(cli("train", "--resume", str(finished), "--steps", "5", "--task=text-lm"))
+    assert "--task text-lm" in line and "'listops'" in line
+    line = one_error_line(cli("train", "--resume", str(finished), "--steps", "5", "--lr", "0.5"))
+    assert "--lr 0.5" in line
+
+
+def test_resume_with_matching_flags_and_a_new_total(tmp_path, finished):
+    run = tmp_path / "more"
+    run.mkdir()
+    for f in ("checkpoint.npz", "metrics.json"):
+        (run / f).write_bytes((finished / f).read_bytes())
+    done = cli("train", "--resume", str(run), "--steps", "5", "--dim", "16", "--threads", "2", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 5
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--steps", "0"], "steps must be >= 1, got 0"),
+    (["--checkpoint-every", "0"], "checkpoint_every must be >= 1"),
+    (["--weight-decay", "nan"], "weight_decay must be a finite number"),
+    (["--warmup", "-1"], "warmup must be >= 0"),
+    (["--lr", "inf"], "lr must be a finite number"),
+])
+def test_bad_training_options_are_one_line(tmp_path, args, words):
+    out = tmp_path / "run"
+    line = one_error_line(cli("train", *TINY, *args, "--out", str(out)))
+    assert words in line
+    assert not out.exists()  # and no empty run folder is left behind
+
+
+def test_run_folder_problems_are_found_before_training(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert "is a file, not a folder" in one_error_line(cli("train", *TINY, "--out", str(afile)))
+    line = one_error_line(cli("train", *TINY, "--out", str(afile / "run")))  # a folder inside a file
+    assert "cannot write to the run folder" in line
+    missing = tmp_path / "nothing"
+    assert "no checkpoint.npz" in one_error_line(cli("train", "--resume", str(missing)))
+    assert not missing.exists()
+
+
+def test_a_non_finite_update_is_never_checkpointed(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(FloatingPointError, match="last good checkpoint kept"):
+        with np.errstate(all="ignore"):
+            train(small(steps=30, lr=1e38, warmup=0, checkpoint_every=1), str(run), progress=False)
+    if (run / "checkpoint.npz").exists():
+        params, _, _ = load_checkpoint(str(run / "checkpoint.npz"))
+        assert all(np.isfinite(v).all() for v in params.values())
+
+
+def test_stale_temporaries_are_removed_and_modes_agree(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".checkpoint-abc123.tmp").write_bytes(b"half a checkpoint")
+    train(small(), str(run), progress=False)
+    assert not [f for f in os.listdir(run) if f.endswith(".tmp")]
+    mode = lambda f: stat.S_IMODE(os.stat(run / f).st_mode)  # noqa: E731
+    assert mode("checkpoint.npz") == mode("metrics.json")
+
+
+# ------------------------------------------------------------ untrusted checkpoints
+
+def _write_npz(path, arrays):
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def _saved(run):
+    with np.load(run / "checkpoint.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def test_untrusted_checkpoints_are_one_error(tmp_path, finished):
+    good = _saved(finished)
+    meta = json.loads(str(good["meta"]))
+    cases = {}
+    cases["npy"] = None
+    cases["list meta"] = {**good, "meta": np.array(json.dumps([1, 2]))}
+    cases["dim abc"] = {**good, "meta": np.array(json.dumps({**meta, "config": {**meta["config"], "dim": "abc"}}))}
+    cases["huge claim"] = {**good, "meta": np.array(json.dumps({**meta, "config": {**meta["config"], "dim": 2048,
+                                                                                    "depth": 4}}))}
+    cases["no step"] = {**good, "meta": np.array(json.dumps({k: v for k, v in meta.items() if k != "step"}))}
+    cases["missing param"] = {k: v for k, v in good.items() if k != "param/head.b"}
+    name = next(k for k in good if k.startswith("opt/m/"))
+    cases["bad adam shape"] = {**good, name: np.zeros(1)}
+    cases["no adam"] = {k: v for k, v in good.items() if not k.startswith("opt/m/")}
+    for label, arrays in cases.items():
+        run = tmp_path / label.replace(" ", "_")
+        run.mkdir()
+        if arrays is None:
+            np.save(run / "x.npy", np.zeros(3))
+            os.replace(run / "x.npy", run / "checkpoint.npz")
+        else:
+            _write_npz(run / "checkpoint.npz", arrays)
+        for args in (["train", "--resume", str(run), "--steps", "6"],
+                     ["generate", "--checkpoint", str(run), "--prompt", "a"]):
+            if label in ("no step", "bad adam shape", "no adam") and args[0] == "generate":
+                continue  # generate needs neither the step nor the optimiser
+            done = cli(*args)
+            line = one_error_line(done)
+            assert str(run) in line, (label, line)
+
+
+def test_an_array_header_claiming_terabytes(tmp_path, finished):
+    good = _saved(finished)
+    _write_npz(tmp_path / "checkpoint.npz", good)
+    path = tmp_path / "checkpoint.npz"
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    target = "param/head.W.npy"
+    data = members[target]
+    header_end = data.index(b"\n") + 1
+    header = data[:header_end].decode("latin1")
+    shape = header[header.index("'shape': (") + 10: header.index(")", header.index("'shape': ("))]
+    fake = header.replace(f"'shape': ({shape})", "'shape': (1099511627776,)")
+    body = fake[:-1].rstrip(" ")  # the header keeps its length: the padding shrinks
+    assert len(body) < len(header) - 1
+    fake = body + " " * (len(header) - 1 - len(body)) + "\n"
+    members[target] = fake.encode("latin1") + data[header_end:]
+    with zipfile.ZipFile(path, "w") as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+    with pytest.raises(ValueError, match="not a readable flexformer checkpoint"):
+        load_checkpoint(str(path))
+
+
+def test_generate_validates_before_printing(finished, tmp_path):
+    done = cli("generate", "--checkpoint", str(finished), "--prompt", "hello", "--temperature", "-1")
+    assert one_error_line(done) and done.stdout == ""
+    done = cli("generate", "--checkpoint", str(finished), "--prompt", "hello", "--top-k", "0")
+    assert "--top-k must be >= 1" in one_error_line(done) and done.stdout == ""
+
+
+def test_sampling_at_a_tiny_temperature_is_greedy():
+    from flexformer.nn.models import sample_token
+    logits = np.array([0.5, 2.0, 1.0, 2.0 - 1e-9])
+    rng = np.random.default_rng(0)
+    assert {sample_token(logits, 1e-310, None, rng) for _ in range(20)} == {1}
+    assert sample_token(logits, 1e-310, 2, rng) == 1
+
+
+def test_compare_with_no_seeds_is_an_error():
+    assert "--seeds must be >= 1" in one_error_line(cli("compare", "--seeds", "0"))
+
+
+# ------------------------------------------------------------ finite in, finite out (or an error)
+
+def test_overflow_with_finite_inputs_is_an_error_not_nan():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 8, 4)).astype(np.float32) for _ in range(3))
+    o1, o2, tau = ff.init.flex_n_params(2, 4, 4, rng=0, dtype=np.float32)
+    with pytest.raises(FloatingPointError, match="flex_n_attention: the result overflowed float32"):
+        ff.flex_n_attention(q, k, v, o1, o2, np.full(2, -88, np.float32))
+    with pytest.raises(FloatingPointError, match="softmax_attention: the result overflowed"):
+        ff.softmax_attention(q, k, v, scale=1e300)
+    with pytest.raises(FloatingPointError, match="softmax_attention: the result overflowed"):
+        ff.softmax_attention(q * 1e30, k * 1e30, v)
+    with pytest.raises(FloatingPointError, match="flex_n_attention_backward"):
+        ff.flex_n_attention_backward(v, q, k, v, o1, o2, np.full(2, -88, np.float32))
+    # the same in float64 is finite, and matches the quadratic reference
+    got = ff.flex_n_attention(*(a.astype(np.float64) for a in (q, k, v, o1, o2)), np.full(2, -88.0))
+    assert np.isfinite(got).all()
+    # NaN in an input is not an overflow: it stays in the rows it reaches
+    q[0, 1, 3, 0] = np.nan
+    out = ff.flex_n_attention(q, k, v, o1, o2, tau)
+    assert np.isnan(out[0, 1, 3]).all() and np.isfinite(np.delete(out[0, 1], 3, axis=0)).all()
