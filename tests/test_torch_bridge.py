@@ -190,6 +190,13 @@ def _run_train(args, out, nproc):
                "-m", "flexformer.torch.train"]
     done = subprocess.run(cmd + args + ["--out", str(out), "--quiet"], capture_output=True, text=True, env=env,
                           timeout=600)
+    if nproc > 1 and done.returncode != 0 and "terminate called without an active exception" in done.stderr:
+        # Once in several CI runs (never in 60 local ones), a gloo worker has aborted in
+        # torch's process-group teardown after the run finished. One retry in a fresh
+        # folder; a second failure fails the test.
+        out = out.with_name(out.name + "-retry")
+        done = subprocess.run(cmd + args + ["--out", str(out), "--quiet"], capture_output=True, text=True,
+                              env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(os.path.join(out, "metrics.json")) as fh:
         metrics = json.load(fh)
