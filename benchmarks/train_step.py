@@ -27,7 +27,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,22 +34,14 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from attention import _cpu_name as cpu_model  # noqa: E402  (the sweep's machine line)
+
 MAIN_JOB = ["--task", "listops", "--attention", "flex_n"]
 TARGETS = [
     "numpy trainer tokens/s >= 0.9x torch trainer --backend c (README main job)",
     "numpy trainer tokens/s >= 1.2x torch trainer --backend torch (README main job)",
 ]
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 # --------------------------------------------------------------------------- compare

@@ -722,23 +722,34 @@ ENTRY(py_linformer_backward, OP_LINFORMER, 1)
 
 /* --------------------------------------------------------------- activation */
 
+/* obj as a C-contiguous 1-d float32 or float64 array (its own dtype, reported through
+ * *typenum); TypeError or ValueError naming `name` otherwise. */
+static PyArrayObject *real_vector(PyObject *obj, const char *name, int *typenum)
+{
+    PyArrayObject *a = as_ndarray(obj, name), *v = NULL;
+    if (!a)
+        return NULL;
+    *typenum = PyArray_TYPE(a);
+    if (*typenum != NPY_FLOAT && *typenum != NPY_DOUBLE)
+        PyErr_Format(PyExc_TypeError, "%s must have dtype float32 or float64, got %S", name,
+                     (PyObject *)PyArray_DESCR(a));
+    else
+        v = to_array((PyObject *)a, name, *typenum, 1, "(n,)");
+    Py_DECREF(a);
+    return v;
+}
+
 /* gelu_forward(x) -> (y, w), w = 1 - |tanh u| for the backward: x 1-d float32/64 (the
  * Python layer passes a flat view) */
 static PyObject *py_gelu_forward(PyObject *self, PyObject *arg)
 {
     (void)self;
     PyObject *result = NULL;
-    PyArrayObject *x0 = as_ndarray(arg, "x"), *x = NULL, *y = NULL, *w = NULL;
-    if (!x0)
+    PyArrayObject *y = NULL, *w = NULL;
+    int typenum;
+    PyArrayObject *x = real_vector(arg, "x", &typenum);
+    if (!x)
         return NULL;
-    const int typenum = PyArray_TYPE(x0);
-    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
-        PyErr_Format(PyExc_TypeError, "x must have dtype float32 or float64, got %S",
-                     (PyObject *)PyArray_DESCR(x0));
-        goto cleanup;
-    }
-    if (!(x = to_array((PyObject *)x0, "x", typenum, 1, "(n,)")))
-        goto cleanup;
     npy_intp n = PyArray_DIM(x, 0);
     y = (PyArrayObject *)PyArray_EMPTY(1, &n, typenum, 0);
     w = (PyArrayObject *)PyArray_EMPTY(1, &n, typenum, 0);
@@ -753,7 +764,6 @@ static PyObject *py_gelu_forward(PyObject *self, PyObject *arg)
     Py_END_ALLOW_THREADS
     result = PyTuple_Pack(2, y, w);
 cleanup:
-    Py_XDECREF(x0);
     Py_XDECREF(x);
     Py_XDECREF(y);
     Py_XDECREF(w);
@@ -765,19 +775,11 @@ static PyObject *py_gelu_backward(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *dy_obj, *x_obj, *w_obj, *result = NULL;
-    PyArrayObject *x0 = NULL, *dy = NULL, *x = NULL, *w = NULL, *dx = NULL;
+    PyArrayObject *dy = NULL, *x = NULL, *w = NULL, *dx = NULL;
+    int typenum;
     if (!PyArg_ParseTuple(args, "OOO:gelu_backward", &dy_obj, &x_obj, &w_obj))
         return NULL;
-    if (!(x0 = as_ndarray(x_obj, "x")))
-        return NULL;
-    const int typenum = PyArray_TYPE(x0);
-    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
-        PyErr_Format(PyExc_TypeError, "x must have dtype float32 or float64, got %S",
-                     (PyObject *)PyArray_DESCR(x0));
-        goto cleanup;
-    }
-    if (!(x = to_array((PyObject *)x0, "x", typenum, 1, "(n,)")) ||
-        !(dy = to_array(dy_obj, "dy", typenum, 1, "(n,)")) ||
+    if (!(x = real_vector(x_obj, "x", &typenum)) || !(dy = to_array(dy_obj, "dy", typenum, 1, "(n,)")) ||
         !(w = to_array(w_obj, "w", typenum, 1, "(n,)")))
         goto cleanup;
     npy_intp n = PyArray_DIM(x, 0);
@@ -800,7 +802,6 @@ static PyObject *py_gelu_backward(PyObject *self, PyObject *args)
     result = (PyObject *)dx;
     dx = NULL;
 cleanup:
-    Py_XDECREF(x0);
     Py_XDECREF(x);
     Py_XDECREF(dy);
     Py_XDECREF(w);
@@ -815,16 +816,11 @@ static PyObject *py_sincos(PyObject *self, PyObject *arg)
 {
     (void)self;
     PyObject *result = NULL;
-    PyArrayObject *x0 = as_ndarray(arg, "x"), *x = NULL, *s = NULL, *c = NULL;
-    if (!x0)
+    PyArrayObject *s = NULL, *c = NULL;
+    int t;
+    PyArrayObject *x = real_vector(arg, "x", &t);
+    if (!x)
         return NULL;
-    const int t = PyArray_TYPE(x0);
-    if (t != NPY_FLOAT && t != NPY_DOUBLE) {
-        PyErr_SetString(PyExc_TypeError, "x must have dtype float32 or float64");
-        goto cleanup;
-    }
-    if (!(x = to_array((PyObject *)x0, "x", t, 1, "(n,)")))
-        goto cleanup;
     npy_intp n = PyArray_DIM(x, 0);
     s = (PyArrayObject *)PyArray_EMPTY(1, &n, t, 0);
     c = (PyArrayObject *)PyArray_EMPTY(1, &n, t, 0);
@@ -836,7 +832,6 @@ static PyObject *py_sincos(PyObject *self, PyObject *arg)
         ff_sincos_f64(PyArray_DATA(s), PyArray_DATA(c), PyArray_DATA(x), (size_t)n);
     result = PyTuple_Pack(2, s, c);
 cleanup:
-    Py_XDECREF(x0);
     Py_XDECREF(x);
     Py_XDECREF(s);
     Py_XDECREF(c);
