@@ -282,6 +282,53 @@ def test_qk_norm_model_gradients(kind):
     np.testing.assert_allclose(np.linalg.norm(model.backbone.blocks[0].attn._q, axis=-1), 2.0, rtol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["flex_s", "flex_n", "softmax"])
+def test_learn_scale_model_gradients_and_start(kind):
+    from flexformer.nn import cross_entropy
+    from flexformer.testing import check_model_gradients
+
+    rng = np.random.default_rng(2)
+    ids = rng.integers(7, size=(2, 9))
+    mask = np.ones((2, 9), bool)
+    mask[1, 6:] = False
+    common = dict(dim=8, depth=2, heads=2, max_len=9, attention=kind, num_features=4, eps=1e-3, rng=1,
+                  dtype=np.float64)
+    model = EncoderClassifier(7, 3, learn_scale=True, **common)
+    plain = EncoderClassifier(7, 3, **common)
+    # g = 0 at the start: the same function as the model without the option
+    np.testing.assert_array_equal(model.forward(ids, mask), plain.forward(ids, mask))
+    for block in model.backbone.blocks:  # move g off 0 so the check sees its effect
+        block.attn.qk_scale.value[:] = [0.3, -0.2]
+
+    def loss_and_backward():
+        model.zero_grad()
+        loss, dlogits = cross_entropy(model.forward(ids, mask), np.array([1, 2]))
+        model.backward(dlogits)
+        return loss
+
+    report = check_model_gradients(loss_and_backward, model.named_parameters())
+    assert "backbone.blocks.1.attn.attn.log_scale" in report
+    with pytest.raises(ValueError, match="qk_norm and learn_scale are alternatives"):
+        EncoderClassifier(7, 3, learn_scale=True, qk_norm=True, **common)
+
+
+def test_learn_scale_decodes_like_the_parallel_model_and_is_refused_with_qk_norm(tmp_path):
+    from flexformer.nn import CausalLM
+
+    model = CausalLM(11, dim=16, depth=2, heads=2, max_len=32, attention="flex_s", learn_scale=True,
+                     positional="sinusoidal", rng=3, dtype=np.float64)
+    for block in model.backbone.blocks:
+        block.attn.qk_scale.value[:] = [0.4, -0.3]
+    ids = np.random.default_rng(1).integers(11, size=(1, 20))
+    full = model.forward(ids)
+    logits, cache = model.prefill(ids[:, :12])
+    steps = [model.step(ids[:, i:i + 1], cache) for i in range(12, 20)]
+    np.testing.assert_allclose(np.concatenate([logits] + steps, axis=1), full, rtol=1e-9, atol=1e-12)
+    proc = subprocess.run([sys.executable, "-m", "flexformer", "train", "--learn-scale", "--qk-norm", "--out",
+                           str(tmp_path / "r")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "alternatives" in proc.stderr.strip().splitlines()[-1]
+
+
 def test_qk_norm_and_eps_decode_like_the_parallel_model():
     from flexformer.nn import CausalLM
 

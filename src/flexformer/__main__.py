@@ -109,6 +109,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="denominator guard of the linear kinds (default flexformer.DEFAULT_EPS = 1e-4)")
     p.add_argument("--qk-norm", action="store_true",
                    help="scale queries and keys to a learned length per head before the kernel")
+    p.add_argument("--learn-scale", action="store_true",
+                   help="multiply queries and keys by a learned factor per head before the kernel (for "
+                        "flex_s: a learned bandwidth, as tau is for flex_n)")
     p.add_argument("--diagnostics-every", type=int, default=d.diagnostics_every,
                    help=f"steps between per-layer kernel diagnostics in diagnostics.jsonl; 0 = off "
                         f"(default {d.diagnostics_every})")
@@ -142,7 +145,7 @@ def _config_from(args):
                        kernel_init_spread=args.kernel_init_spread,
                        kernel_init_match_tau=not args.kernel_init_fixed_tau, diagnostics_every=args.diagnostics_every,
                        kernel_lr_scale=args.kernel_lr_scale, attention_eps=args.attention_eps,
-                       qk_norm=args.qk_norm)
+                       qk_norm=args.qk_norm, learn_scale=args.learn_scale)
 
 
 #: train flags that may differ from a resumed run's saved configuration (runtime only, or

@@ -41,6 +41,12 @@ class MultiHeadAttention(Module):
         q' = e^g q / |q|, k' = e^g k / |k|, with g (H,) learned (``attn.qk_log_scale``,
         starting at log sqrt(head size), so |q'|^2 = head size). Bounds |q' - k'|, and so the
         random-feature kernels' noise, whatever the projections do (as RFA does).
+    learn_scale : bool
+        Scale queries and keys by a learned factor per head before the kernel:
+        q' = e^g q, k' = e^g k, with g (H,) learned (``attn.log_scale``, starting at 0, so
+        the model starts as without it). For flex_s this learns the kernel's bandwidth, as
+        tau learns flex_n's norm scale; for softmax it is a learned temperature. Not
+        together with ``qk_norm`` (which has its own learned length).
     kernel_init : dict, optional
         Initialisation options of the kind (``AttentionKind.init_options``, e.g.
         ``{"scale": 0.3, "spread": 0.3}``); options the kind does not take are ignored, so
@@ -51,8 +57,11 @@ class MultiHeadAttention(Module):
                  causal: bool = False, max_len: int = 512, num_features: Optional[int] = None,
                  linformer_sharing: str = "none", shared: Optional[Dict[str, Parameter]] = None,
                  kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
-                 qk_norm: bool = False, dtype=np.float32):
+                 qk_norm: bool = False, learn_scale: bool = False, dtype=np.float32):
         super().__init__()
+        if qk_norm and learn_scale:
+            raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
+                             "choose one")
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.kind = get_attention(attention)
@@ -89,10 +98,13 @@ class MultiHeadAttention(Module):
                                                trainable=name in self.kind.learnable)
         self._mask = None
         self.eps = eps if self.kind.key_state else None
-        self.qk_scale = None
+        self.qk_scale, self.qk_mode = None, None
         if qk_norm:
-            self.qk_scale = self.add_param("attn.qk_log_scale", np.full(num_heads, 0.5 * np.log(self.dh), dtype),
-                                           kind="kernel")
+            self.qk_scale, self.qk_mode = self.add_param(
+                "attn.qk_log_scale", np.full(num_heads, 0.5 * np.log(self.dh), dtype), kind="kernel"), "norm"
+        elif learn_scale:
+            self.qk_scale, self.qk_mode = self.add_param("attn.log_scale", np.zeros(num_heads, dtype),
+                                                         kind="kernel"), "scale"
 
     def _kernel_values(self) -> Dict[str, np.ndarray]:
         if self.sharing in ("key-value", "layerwise"):
@@ -109,20 +121,25 @@ class MultiHeadAttention(Module):
         return x.transpose(0, 2, 1, 3).reshape(B, N, H * dh)
 
     def _normalise(self, x: np.ndarray):
-        """(x', |x|) with x' = e^g x / |x| per head (qk_norm), or (x, None)."""
+        """(x', |x|) with x' = e^g x / |x| per head (qk_norm), (e^g x, None) (learn_scale),
+        or (x, None)."""
         if self.qk_scale is None:
             return x, None
+        if self.qk_mode == "scale":
+            return np.ascontiguousarray(x * np.exp(self.qk_scale.value).astype(x.dtype)[None, :, None, None]), None
         norm = np.sqrt((x * x).sum(-1, keepdims=True))
         norm = np.maximum(norm, np.finfo(x.dtype).tiny)
         gain = np.exp(self.qk_scale.value).astype(x.dtype)[None, :, None, None]
         return np.ascontiguousarray(x * (gain / norm)), norm
 
     def _normalise_backward(self, dy: np.ndarray, y: np.ndarray, norm: np.ndarray) -> np.ndarray:
-        """dx for y = e^g x / |x|, adding dg = sum dy.y to the scale's gradient."""
+        """dx for y = e^g x / |x| (or y = e^g x), adding dg = sum dy.y to the scale's gradient."""
         if self.qk_scale is None:
             return dy
         self.qk_scale.grad += (dy * y).sum(axis=(0, 2, 3)).astype(self.qk_scale.grad.dtype)
         gain = np.exp(self.qk_scale.value).astype(y.dtype)[None, :, None, None]
+        if self.qk_mode == "scale":
+            return gain * dy
         unit = y / gain
         return (gain / norm) * (dy - unit * (unit * dy).sum(-1, keepdims=True))
 

@@ -217,8 +217,9 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     if cfg.linformer_sharing != "none":
         raise ValueError("the torch models support Linformer with per-head projections only "
                          f"(linformer_sharing 'none'), got {cfg.linformer_sharing!r}")
-    if getattr(cfg, "qk_norm", False):
-        raise ValueError("the torch models have no qk_norm option; this configuration sets it")
+    for option in ("qk_norm", "learn_scale"):
+        if getattr(cfg, option, False):
+            raise ValueError(f"the torch models have no {option} option; this configuration sets it")
     if getattr(cfg, "attention_eps", None) is not None:
         raise ValueError(f"the torch models use the default denominator guard; this configuration sets "
                          f"attention_eps {cfg.attention_eps}")

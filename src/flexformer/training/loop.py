@@ -65,6 +65,8 @@ class TrainConfig:
     attention_eps: Optional[float] = None
     #: queries and keys scaled to a learned length per head before the kernel
     qk_norm: bool = False
+    #: queries and keys multiplied by a learned factor per head (flex_s: a learned bandwidth)
+    learn_scale: bool = False
 
     #: what a configuration saved before a field existed meant (checkpoints of earlier
     #: versions load with the initialisation they were trained with)
@@ -130,6 +132,9 @@ class TrainConfig:
             raise ValueError(f"kernel_lr_scale must be a finite number > 0, got {self.kernel_lr_scale}")
         if self.attention_eps is not None and not (math.isfinite(self.attention_eps) and self.attention_eps > 0):
             raise ValueError(f"attention_eps must be a finite number > 0, got {self.attention_eps}")
+        if self.qk_norm and self.learn_scale:
+            raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
+                             "choose one")
         if self.diagnostics_every < 0:
             raise ValueError(f"diagnostics_every must be >= 0, got {self.diagnostics_every}")
 
@@ -158,7 +163,8 @@ def model_for_config(cfg: TrainConfig, vocab: int, num_classes: Optional[int], m
     """The model a run with ``cfg`` trains, given the data's sizes (no data is read)."""
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
                   positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
-                  eps=cfg.attention_eps, qk_norm=bool(cfg.qk_norm), rng=cfg.seed, dtype=np.dtype(cfg.dtype))
+                  eps=cfg.attention_eps, qk_norm=bool(cfg.qk_norm),
+                  learn_scale=bool(cfg.learn_scale), rng=cfg.seed, dtype=np.dtype(cfg.dtype))
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     return EncoderClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
