@@ -217,8 +217,12 @@ def test_sampling_at_a_tiny_temperature_is_greedy():
     assert sample_token(logits, 1e-310, 2, rng) == 1
 
 
-def test_compare_with_no_seeds_is_an_error():
+def test_compare_with_no_seeds_or_failed_runs_is_an_error(tmp_path):
     assert "--seeds must be >= 1" in one_error_line(cli("compare", "--seeds", "0"))
+    done = cli("compare", "--attentions", "flex_n", "--seeds", "1", "--task", "text-lm", "--data-dir",
+               str(tmp_path / "missing"))
+    assert done.returncode == 1 and "| flex_n | failed |" in done.stdout
+    assert "runs failed for flex_n" in done.stderr
 
 
 # ------------------------------------------------------------ finite in, finite out (or an error)
