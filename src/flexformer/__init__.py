@@ -21,6 +21,7 @@ except ImportError:
     raise ImportError(f"flexformer's C extension is not built in {_here}: run `pip install {_src}` (or "
                       f"`pip install -e {_src}` to work on it) and import flexformer from outside "
                       f"that folder") from None
+from .threads import get_num_threads, openmp_enabled, set_num_threads  # before the modules that use them
 from . import data, init, nn, recurrent, reference, testing, training
 from .attention import (
     DEFAULT_EPS,
@@ -45,24 +46,6 @@ from .softmax import (
 )
 
 __version__ = "0.1.0"
-
-
-def openmp_enabled() -> bool:
-    """True when the C kernels were built with OpenMP (False: serial build)."""
-    return bool(_C.openmp_enabled())
-
-
-def set_num_threads(n: int) -> None:
-    """Threads for later kernel calls from any Python thread; 0 restores the OpenMP default
-    (``OMP_NUM_THREADS`` or the core count). Has no effect in a serial build."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n must be an int, got {type(n).__name__}")
-    _C.set_num_threads(int(n))
-
-
-def get_num_threads() -> int:
-    """Threads the kernels will use (1 in a serial build)."""
-    return int(_C.get_num_threads())
 
 
 def set_buffer_cache(mib: float) -> None:

@@ -90,8 +90,20 @@ def _linear(x, p):
     return _normalised(x)
 
 
+def elu_plus_one(x: np.ndarray) -> np.ndarray:
+    """elu(x) + 1 (Katharopoulos et al., 2020), in x's dtype: the elu kind's feature map."""
+    x = np.asarray(x)
+    return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype)
+
+
+def elu_plus_one_grad(x: np.ndarray) -> np.ndarray:
+    """d(elu(x) + 1)/dx, in x's dtype."""
+    x = np.asarray(x)
+    return np.where(x > 0, 1, np.exp(np.minimum(x, 0))).astype(x.dtype)
+
+
 def _elu(x, p):
-    return _normalised(np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype))
+    return _normalised(elu_plus_one(x))
 
 
 _FORWARD: Dict[str, Callable] = {"flex_s": _flex_s, "rfa": _flex_s, "flex_n": _flex_n, "performer": _performer,

@@ -35,7 +35,7 @@ from . import attention as lin
 from . import softmax as sm
 from ._checks import check_real
 from .features import PARAM_NAMES as _PARAM_NAMES
-from .features import check_param_shapes, require_params
+from .features import check_param_shapes, elu_plus_one, require_params
 from .features import features as _features
 from .features import num_features as _num_features
 
@@ -280,8 +280,7 @@ class RecurrentAttention:
         if self.kind == "hedgehog":
             return lin.hedgehog_attention(q, k, v, p["W"], **kw)
         if self.kind == "elu":
-            phi = [np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype) for x in (q, k)]
-            return lin.linear_attention(phi[0], phi[1], v, **kw)
+            return lin.linear_attention(elu_plus_one(q), elu_plus_one(k), v, **kw)
         if self.kind == "linear":
             return lin.linear_attention(q, k, v, **kw)
         return sm.softmax_attention(q, k, v, causal=True, key_mask=key_mask)

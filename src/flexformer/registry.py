@@ -20,6 +20,7 @@ import numpy as np
 from . import attention as lin
 from . import init as initialisers
 from . import softmax as sm
+from .features import elu_plus_one, elu_plus_one_grad
 
 Params = Dict[str, np.ndarray]
 
@@ -127,28 +128,20 @@ def _linformer_init(H, d, m, L, rng, dtype):
             "F": initialisers.linformer_projections(kp, L, H, rng=gen, dtype=dtype)}
 
 
-def _elu1(x):
-    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
-
-
-def _elu1_grad(x):
-    return np.where(x > 0, 1.0, np.exp(np.minimum(x, 0.0)))
-
-
 def _elu_forward(q, k, v, p, causal, mask, **kw):
     q, k = np.asarray(q), np.asarray(k)
-    return lin.linear_attention(_elu1(q).astype(q.dtype), _elu1(k).astype(k.dtype), v,
+    return lin.linear_attention(elu_plus_one(q), elu_plus_one(k), v,
                                 causal=causal, key_mask=mask, **kw)
 
 
 def _elu_backward(dout, q, k, v, p, causal, mask, **kw):
     q, k = np.asarray(q), np.asarray(k)
-    dpq, dpk, dv = lin.linear_attention_backward(dout, _elu1(q).astype(q.dtype), _elu1(k).astype(k.dtype),
+    dpq, dpk, dv = lin.linear_attention_backward(dout, elu_plus_one(q), elu_plus_one(k),
                                                  v, causal=causal, key_mask=mask, **kw)
-    dk = (dpk * _elu1_grad(k)).astype(k.dtype)
+    dk = (dpk * elu_plus_one_grad(k)).astype(k.dtype)
     if mask is not None:  # 0, not 0 * elu'(k): whatever a masked key holds is never read
         dk[~np.broadcast_to(np.asarray(mask, bool)[:, None, :, None], dk.shape)] = 0
-    return (dpq * _elu1_grad(q)).astype(q.dtype), dk, dv
+    return (dpq * elu_plus_one_grad(q)).astype(q.dtype), dk, dv
 
 
 _KINDS: Dict[str, AttentionKind] = {}

@@ -228,7 +228,7 @@ class Embedding(Module):
         return None
 
 
-def _sinusoidal(positions: np.ndarray, dim: int) -> np.ndarray:
+def sinusoidal_positions(positions: np.ndarray, dim: int) -> np.ndarray:
     """The fixed sin/cos encodings (Vaswani et al.) of the given positions: (len, dim)."""
     pos = positions[:, None].astype(np.float64)
     freq = np.exp(-np.log(10000.0) * (np.arange(0, dim, 2) / dim))
@@ -249,7 +249,7 @@ class PositionalEncoding(Module):
             self.P = self.add_param("P", (rng.standard_normal((max_len, dim)) * 0.02).astype(dtype),
                                     kind="embedding")
         else:
-            self.table = _sinusoidal(np.arange(max_len), dim).astype(dtype)
+            self.table = sinusoidal_positions(np.arange(max_len), dim).astype(dtype)
 
     def forward(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
         """x (B, N, dim) plus the encodings of positions offset .. offset + N - 1.
@@ -263,7 +263,7 @@ class PositionalEncoding(Module):
                 raise ValueError(f"position {end - 1} is past the model's max_len {self.max_len} (learned "
                                  f"positions exist for 0..{self.max_len - 1}); use a shorter context or a model "
                                  f"with sinusoidal positions")
-            return x + _sinusoidal(np.arange(offset, end), x.shape[-1]).astype(x.dtype)
+            return x + sinusoidal_positions(np.arange(offset, end), x.shape[-1]).astype(x.dtype)
         self._N = N
         return x + (self.P.value[offset:end] if self.learned else self.table[offset:end])
 

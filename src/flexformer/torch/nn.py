@@ -73,13 +73,13 @@ class Embedding(nn.Module):
 class PositionalEncoding(nn.Module):
     def __init__(self, max_len: int, dim: int, *, learned: bool = True, dtype=torch.float32):
         super().__init__()
-        from ..nn.core import _sinusoidal
+        from ..nn.core import sinusoidal_positions
 
         self.max_len, self.learned = max_len, learned
         if learned:
             self.P = nn.Parameter(torch.randn(max_len, dim, dtype=dtype) * 0.02)
         else:
-            self.register_buffer("table", torch.from_numpy(_sinusoidal(np.arange(max_len), dim)).to(dtype),
+            self.register_buffer("table", torch.from_numpy(sinusoidal_positions(np.arange(max_len), dim)).to(dtype),
                                  persistent=False)
 
     def forward(self, x):

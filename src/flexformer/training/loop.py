@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import _C
+from ..threads import set_num_threads
 from ..init import DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
 from ..nn import CausalLM, EncoderClassifier, cross_entropy
 from ..registry import get_attention
@@ -389,7 +389,7 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
     if threads is not None:
         cfg.threads = threads
     if cfg.threads:
-        _C.set_num_threads(cfg.threads)
+        set_num_threads(cfg.threads)
     data = build_data(cfg)
     model = build_model(cfg, data)
     named = model.named_parameters()
