@@ -232,6 +232,19 @@ def test_two_process_ddp_matches_one_process(tmp_path, task):
 
 
 
+def test_torch_trainer_refuses_a_folder_holding_a_run(tmp_path):
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "flexformer.torch.train", "--steps", "2", "--seq-len", "32", "--dim", "16",
+            "--heads", "2", "--depth", "1", "--eval-batches", "1", "--quiet", "--threads", "1", "--out", str(run)]
+    assert subprocess.run(base, capture_output=True).returncode == 0
+    before = (run / "checkpoint.npz").read_bytes()
+    again = subprocess.run(base + ["--seed", "3"], capture_output=True, text=True)
+    assert again.returncode == 2 and "already holds a run" in again.stderr.strip().splitlines()[-1]
+    assert (run / "checkpoint.npz").read_bytes() == before
+    assert subprocess.run(base + ["--seed", "3", "--overwrite"], capture_output=True).returncode == 0
+    assert json.loads((run / "metrics.json").read_text())["config"]["seed"] == 3
+
+
 def test_checkpoint_from_the_train_command_loads_into_torch(tmp_path):
     """A run of `python -m flexformer train` loads into torch.nn and gives the NumPy model's logits."""
     run = tmp_path / "run"

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .. import set_num_threads
 from ..training import TrainConfig
-from ..training.loop import batch_for, build_data, build_model
+from ..training.loop import batch_for, build_data, build_model, prepare_run_folder
 from ..training.optim import lr_at
 from ..__main__ import kernel_init_args
 from .nn import load_numpy_parameters, model_for_config, save_numpy_checkpoint
@@ -64,6 +64,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--backend", default="auto", help="attention backend: auto, c or torch")
     kernel_init_args(p)
     p.add_argument("--out", default=None, help="run folder (default runs/torch-TASK-ATTENTION-TIME)")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -120,9 +121,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
                       warmup=args.warmup, clip=args.clip, seed=args.seed, data_dir=args.data_dir,
                       eval_batches=args.eval_batches, dtype=args.dtype, threads=threads,
-                      kernel_init_scale=args.kernel_init_scale, kernel_init_spread=args.kernel_init_spread)
+                      kernel_init_scale=args.kernel_init_scale, kernel_init_spread=args.kernel_init_spread,
+                      kernel_init_match_tau=not args.kernel_init_fixed_tau)
+    out = args.out or os.path.join("runs", f"torch-{cfg.task}-{cfg.attention}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         cfg.validate()
+        # as the NumPy trainer: a folder holding a run is never replaced without --overwrite
+        prepare_run_folder(out, resume=False, overwrite=args.overwrite)
         if cfg.batch_size % world:
             raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by the {world} processes")
         data = build_data(cfg)
@@ -138,7 +143,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     model.to(device)
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
-    out = args.out or os.path.join("runs", f"torch-{cfg.task}-{cfg.attention}-{time.strftime('%Y%m%d-%H%M%S')}")
     per = cfg.batch_size // world
     t0 = time.perf_counter()
     loss_value = float("nan")

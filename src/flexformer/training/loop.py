@@ -312,7 +312,7 @@ def _progress(step, total, loss, tok_s, start, stream):
 RUN_FILES = ("checkpoint.npz", "metrics.json", "diagnostics.jsonl")
 
 
-def _prepare_run_folder(out_dir: str, *, resume: bool, overwrite: bool) -> bool:
+def prepare_run_folder(out_dir: str, *, resume: bool, overwrite: bool) -> bool:
     """Check ``out_dir`` before any work: a new run never replaces a finished one unless
     ``overwrite``; a resumed one needs its checkpoint. Creates the folder, checks that it
     is writable, and removes temporary checkpoint files a killed run left. Returns True
@@ -354,8 +354,10 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
     every parameter is finite. ``threads`` (kernel threads for this session) overrides the
     configuration's without changing the results. Returns the metrics."""
     if not resume:
+        if not isinstance(cfg, TrainConfig):
+            raise TypeError(f"cfg must be a TrainConfig (None only with resume=True), got {type(cfg).__name__}")
         cfg.validate()  # before the folder is touched
-    created = _prepare_run_folder(out_dir, resume=resume, overwrite=overwrite)
+    created = prepare_run_folder(out_dir, resume=resume, overwrite=overwrite)
     try:
         return _train(cfg, out_dir, resume=resume, progress=progress, stop_at=stop_at, steps=steps,
                       stream=stream, threads=threads)
