@@ -257,17 +257,18 @@ def test_command_line_refuses_bad_options_in_one_line(tmp_path, flag, value, wor
 
 # ------------------------------------------------ the model options measured as levers
 
-@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "softmax", "performer"])
-def test_qk_norm_model_gradients(kind):
-    from flexformer.nn import cross_entropy
-    from flexformer.testing import check_model_gradients
-
-    rng = np.random.default_rng(0)
+def _tiny_batch(seed):
+    rng = np.random.default_rng(seed)
     ids = rng.integers(7, size=(2, 9))
     mask = np.ones((2, 9), bool)
     mask[1, 6:] = False
-    model = EncoderClassifier(7, 3, dim=8, depth=2, heads=2, max_len=9, attention=kind, num_features=4,
-                              qk_norm=True, eps=1e-3, rng=1, dtype=np.float64)
+    return ids, mask
+
+
+def _model_gradient_report(model, ids, mask):
+    """Finite-difference check of every parameter of a tiny classifier (float64)."""
+    from flexformer.nn import cross_entropy
+    from flexformer.testing import check_model_gradients
 
     def loss_and_backward():
         model.zero_grad()
@@ -275,7 +276,15 @@ def test_qk_norm_model_gradients(kind):
         model.backward(dlogits)
         return loss
 
-    report = check_model_gradients(loss_and_backward, model.named_parameters())
+    return check_model_gradients(loss_and_backward, model.named_parameters())
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "softmax", "performer"])
+def test_qk_norm_model_gradients(kind):
+    ids, mask = _tiny_batch(0)
+    model = EncoderClassifier(7, 3, dim=8, depth=2, heads=2, max_len=9, attention=kind, num_features=4,
+                              qk_norm=True, eps=1e-3, rng=1, dtype=np.float64)
+    report = _model_gradient_report(model, ids, mask)
     assert "backbone.blocks.0.attn.attn.qk_log_scale" in report  # checked like every other parameter
     # the normalised queries all have the learned length, sqrt(head size) at the start
     model.forward(ids, mask)
@@ -284,13 +293,7 @@ def test_qk_norm_model_gradients(kind):
 
 @pytest.mark.parametrize("kind", ["flex_s", "flex_n", "softmax"])
 def test_learn_scale_model_gradients_and_start(kind):
-    from flexformer.nn import cross_entropy
-    from flexformer.testing import check_model_gradients
-
-    rng = np.random.default_rng(2)
-    ids = rng.integers(7, size=(2, 9))
-    mask = np.ones((2, 9), bool)
-    mask[1, 6:] = False
+    ids, mask = _tiny_batch(2)
     common = dict(dim=8, depth=2, heads=2, max_len=9, attention=kind, num_features=4, eps=1e-3, rng=1,
                   dtype=np.float64)
     model = EncoderClassifier(7, 3, learn_scale=True, **common)
@@ -299,14 +302,7 @@ def test_learn_scale_model_gradients_and_start(kind):
     np.testing.assert_array_equal(model.forward(ids, mask), plain.forward(ids, mask))
     for block in model.backbone.blocks:  # move g off 0 so the check sees its effect
         block.attn.qk_scale.value[:] = [0.3, -0.2]
-
-    def loss_and_backward():
-        model.zero_grad()
-        loss, dlogits = cross_entropy(model.forward(ids, mask), np.array([1, 2]))
-        model.backward(dlogits)
-        return loss
-
-    report = check_model_gradients(loss_and_backward, model.named_parameters())
+    report = _model_gradient_report(model, ids, mask)
     assert "backbone.blocks.1.attn.attn.log_scale" in report
     with pytest.raises(ValueError, match="qk_norm and learn_scale are alternatives"):
         EncoderClassifier(7, 3, learn_scale=True, qk_norm=True, **common)
