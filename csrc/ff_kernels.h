@@ -40,6 +40,12 @@ int ff_max_threads(void);
         size_t e, size_t m, int causal, real eps, int nthreads);                            \
     void ff_sincos_##sfx(real *s, real *c, const real *x, size_t n);                       \
     int gelu_forward_##sfx(real *y, real *t, const real *x, size_t n, int nthreads);         \
+    int layer_norm_forward_##sfx(real *y, real *xhat, real *rstd, const real *x,              \
+                                 const real *gamma, const real *beta, real eps, size_t R,     \
+                                 size_t C, int nthreads);                                     \
+    int layer_norm_backward_##sfx(real *dx, real *dgamma, real *dbeta, const real *dy,        \
+                                  const real *xhat, const real *rstd, const real *gamma,      \
+                                  size_t R, size_t C, int nthreads);                          \
     int gelu_backward_##sfx(real *dx, const real *dy, const real *x, const real *t,          \
                             size_t n, int nthreads);                                        \
     int performer_attention_forward_##sfx(                                                  \

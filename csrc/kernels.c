@@ -25,6 +25,7 @@
 #include "linformer.inc"
 #include "trig_export.inc"
 #include "activation.inc"
+#include "norm.inc"
 #undef FF
 #undef real
 #undef R_EXP
@@ -65,6 +66,7 @@
 #include "linformer.inc"
 #include "trig_export.inc"
 #include "activation.inc"
+#include "norm.inc"
 
 int ff_openmp_enabled(void)
 {

@@ -722,9 +722,10 @@ ENTRY(py_linformer_backward, OP_LINFORMER, 1)
 
 /* --------------------------------------------------------------- activation */
 
-/* obj as a C-contiguous 1-d float32 or float64 array (its own dtype, reported through
+/* obj as a C-contiguous ndim-d float32 or float64 array (its own dtype, reported through
  * *typenum); TypeError or ValueError naming `name` otherwise. */
-static PyArrayObject *real_vector(PyObject *obj, const char *name, int *typenum)
+static PyArrayObject *real_array(PyObject *obj, const char *name, int ndim, const char *shape_doc,
+                                 int *typenum)
 {
     PyArrayObject *a = as_ndarray(obj, name), *v = NULL;
     if (!a)
@@ -734,9 +735,14 @@ static PyArrayObject *real_vector(PyObject *obj, const char *name, int *typenum)
         PyErr_Format(PyExc_TypeError, "%s must have dtype float32 or float64, got %S", name,
                      (PyObject *)PyArray_DESCR(a));
     else
-        v = to_array((PyObject *)a, name, *typenum, 1, "(n,)");
+        v = to_array((PyObject *)a, name, *typenum, ndim, shape_doc);
     Py_DECREF(a);
     return v;
+}
+
+static PyArrayObject *real_vector(PyObject *obj, const char *name, int *typenum)
+{
+    return real_array(obj, name, 1, "(n,)", typenum);
 }
 
 /* gelu_forward(x) -> (y, w), w = 1 - |tanh u| for the backward: x 1-d float32/64 (the
@@ -806,6 +812,113 @@ cleanup:
     Py_XDECREF(dy);
     Py_XDECREF(w);
     Py_XDECREF(dx);
+    return result;
+}
+
+/* layer_norm_forward(x (R,C), gamma (C), beta (C), eps) -> (y, xhat, rstd) */
+static PyObject *py_layer_norm_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *x_obj, *g_obj, *b_obj, *result = NULL;
+    double eps;
+    PyArrayObject *x = NULL, *gamma = NULL, *beta = NULL, *y = NULL, *xhat = NULL, *rstd = NULL;
+    int typenum;
+    if (!PyArg_ParseTuple(args, "OOOd:layer_norm_forward", &x_obj, &g_obj, &b_obj, &eps))
+        return NULL;
+    if (!(eps > 0) || !isfinite(eps)) {
+        PyErr_Format(PyExc_ValueError, "eps must be a finite number > 0, got %g", eps);
+        return NULL;
+    }
+    if (!(x = real_array(x_obj, "x", 2, "(R, C)", &typenum)) ||
+        !(gamma = to_array(g_obj, "gamma", typenum, 1, "(C,)")) ||
+        !(beta = to_array(b_obj, "beta", typenum, 1, "(C,)")))
+        goto cleanup;
+    npy_intp R = PyArray_DIM(x, 0), C = PyArray_DIM(x, 1);
+    if (PyArray_DIM(gamma, 0) != C || PyArray_DIM(beta, 0) != C) {
+        PyErr_Format(PyExc_ValueError, "gamma and beta must have x's %zd columns, got %zd and %zd",
+                     (Py_ssize_t)C, (Py_ssize_t)PyArray_DIM(gamma, 0), (Py_ssize_t)PyArray_DIM(beta, 0));
+        goto cleanup;
+    }
+    npy_intp dims[2] = {R, C};
+    y = (PyArrayObject *)PyArray_EMPTY(2, dims, typenum, 0);
+    xhat = (PyArrayObject *)PyArray_EMPTY(2, dims, typenum, 0);
+    rstd = (PyArrayObject *)PyArray_EMPTY(1, &R, typenum, 0);
+    if (!y || !xhat || !rstd)
+        goto cleanup;
+    const int nt = KERNEL_THREADS();
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT)
+        layer_norm_forward_f32(PyArray_DATA(y), PyArray_DATA(xhat), PyArray_DATA(rstd), PyArray_DATA(x),
+                               PyArray_DATA(gamma), PyArray_DATA(beta), (float)eps, (size_t)R, (size_t)C, nt);
+    else
+        layer_norm_forward_f64(PyArray_DATA(y), PyArray_DATA(xhat), PyArray_DATA(rstd), PyArray_DATA(x),
+                               PyArray_DATA(gamma), PyArray_DATA(beta), eps, (size_t)R, (size_t)C, nt);
+    Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(3, y, xhat, rstd);
+cleanup:
+    Py_XDECREF(x);
+    Py_XDECREF(gamma);
+    Py_XDECREF(beta);
+    Py_XDECREF(y);
+    Py_XDECREF(xhat);
+    Py_XDECREF(rstd);
+    return result;
+}
+
+/* layer_norm_backward(dy (R,C), xhat (R,C), rstd (R), gamma (C)) -> (dx, dgamma, dbeta) */
+static PyObject *py_layer_norm_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dy_obj, *h_obj, *r_obj, *g_obj, *result = NULL;
+    PyArrayObject *dy = NULL, *xhat = NULL, *rstd = NULL, *gamma = NULL;
+    PyArrayObject *dx = NULL, *dgamma = NULL, *dbeta = NULL;
+    int status = FF_OK, typenum;
+    if (!PyArg_ParseTuple(args, "OOOO:layer_norm_backward", &dy_obj, &h_obj, &r_obj, &g_obj))
+        return NULL;
+    if (!(xhat = real_array(h_obj, "xhat", 2, "(R, C)", &typenum)) ||
+        !(dy = to_array(dy_obj, "dy", typenum, 2, "(R, C)")) ||
+        !(rstd = to_array(r_obj, "rstd", typenum, 1, "(R,)")) ||
+        !(gamma = to_array(g_obj, "gamma", typenum, 1, "(C,)")))
+        goto cleanup;
+    npy_intp R = PyArray_DIM(xhat, 0), C = PyArray_DIM(xhat, 1);
+    if (PyArray_DIM(dy, 0) != R || PyArray_DIM(dy, 1) != C || PyArray_DIM(rstd, 0) != R ||
+        PyArray_DIM(gamma, 0) != C) {
+        PyErr_Format(PyExc_ValueError, "dy must have xhat's shape (%zd, %zd), rstd %zd rows and gamma %zd "
+                     "columns", (Py_ssize_t)R, (Py_ssize_t)C, (Py_ssize_t)R, (Py_ssize_t)C);
+        goto cleanup;
+    }
+    npy_intp dims[2] = {R, C};
+    dx = (PyArrayObject *)PyArray_EMPTY(2, dims, typenum, 0);
+    dgamma = (PyArrayObject *)PyArray_EMPTY(1, &C, typenum, 0);
+    dbeta = (PyArrayObject *)PyArray_EMPTY(1, &C, typenum, 0);
+    if (!dx || !dgamma || !dbeta)
+        goto cleanup;
+    const int nt = KERNEL_THREADS();
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT)
+        status = layer_norm_backward_f32(PyArray_DATA(dx), PyArray_DATA(dgamma), PyArray_DATA(dbeta),
+                                         PyArray_DATA(dy), PyArray_DATA(xhat), PyArray_DATA(rstd),
+                                         PyArray_DATA(gamma), (size_t)R, (size_t)C, nt);
+    else
+        status = layer_norm_backward_f64(PyArray_DATA(dx), PyArray_DATA(dgamma), PyArray_DATA(dbeta),
+                                         PyArray_DATA(dy), PyArray_DATA(xhat), PyArray_DATA(rstd),
+                                         PyArray_DATA(gamma), (size_t)R, (size_t)C, nt);
+    Py_END_ALLOW_THREADS
+    if (status != FF_OK) {
+        PyErr_SetString(status == FF_ERR_NOMEM ? PyExc_MemoryError : PyExc_ValueError,
+                        status == FF_ERR_NOMEM ? "layer_norm_backward: out of memory for its workspace"
+                                               : "layer_norm_backward: sizes overflow");
+        goto cleanup;
+    }
+    result = PyTuple_Pack(3, dx, dgamma, dbeta);
+cleanup:
+    Py_XDECREF(xhat);
+    Py_XDECREF(dy);
+    Py_XDECREF(rstd);
+    Py_XDECREF(gamma);
+    Py_XDECREF(dx);
+    Py_XDECREF(dgamma);
+    Py_XDECREF(dbeta);
     return result;
 }
 
@@ -911,6 +1024,10 @@ static PyMethodDef methods[] = {
     KERNEL(softmax_backward, "-> (dq, dk, dv)"),
     KERNEL(linformer_forward, "-> out"),
     KERNEL(linformer_backward, "-> (dq, dk, dv, dE, dF)"),
+    {"layer_norm_forward", py_layer_norm_forward, METH_VARARGS,
+     "layer_norm_forward(x (R,C), gamma, beta, eps) -> (y, xhat, rstd)"},
+    {"layer_norm_backward", py_layer_norm_backward, METH_VARARGS,
+     "layer_norm_backward(dy, xhat, rstd, gamma) -> (dx, dgamma, dbeta)"},
     {"gelu_forward", py_gelu_forward, METH_O, "gelu_forward(x) -> (y, w = 1 - |tanh u|); x 1-d"},
     {"gelu_backward", py_gelu_backward, METH_VARARGS, "gelu_backward(dy, x, w) -> dx; all 1-d"},
 {"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},

@@ -127,3 +127,72 @@ def test_layer_norm_and_linear_gradients_by_central_differences():
     np.testing.assert_allclose(got, _numeric_input_grad(lin.forward, x.copy(), dy4), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(lin.W.grad, x.reshape(-1, 6).T @ dy4.reshape(-1, 4), rtol=1e-12)
     np.testing.assert_allclose(lin.b.grad, dy4.reshape(-1, 4).sum(0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 3e-6)])
+def test_layer_norm_kernel_against_its_numpy_twin_on_both_thread_counts(dtype, tol):
+    from flexformer.nn.core import layer_norm_reference
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((333, 40)) * 5 + 3).astype(dtype)  # several work items, a partial one
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    gamma, beta = rng.standard_normal(40).astype(dtype), rng.standard_normal(40).astype(dtype)
+    want = layer_norm_reference(x.astype(np.float64), gamma.astype(np.float64), beta.astype(np.float64), 1e-5,
+                                dy.astype(np.float64))
+    before = ff.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            ff.set_num_threads(threads)
+            y, xhat, rstd = _C.layer_norm_forward(x, gamma, beta, 1e-5)
+            results.append((y,) + _C.layer_norm_backward(dy, xhat, rstd, gamma))
+    finally:
+        ff.set_num_threads(before)
+    for got in results:
+        for g, w in zip(got, want):
+            assert g.dtype == dtype
+            assert np.max(np.abs(g - w)) <= tol * np.max(np.abs(w))
+    for a, b in zip(*results):  # rows are owned by one thread: y and dx equal bit for bit
+        assert np.array_equal(a, b) or a.ndim == 1
+
+
+def test_layer_norm_kernel_rejects_bad_arguments():
+    x, g = np.zeros((4, 3)), np.ones(3)
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+        _C.layer_norm_forward(x, g, g, 0.0)
+    with pytest.raises(ValueError, match="gamma and beta must have x's 3 columns"):
+        _C.layer_norm_forward(x, np.ones(2), g, 1e-5)
+    with pytest.raises(TypeError, match="x must have dtype float32 or float64"):
+        _C.layer_norm_forward(x.astype(np.int64), g, g, 1e-5)
+    with pytest.raises(TypeError, match="gamma must have dtype float64"):
+        _C.layer_norm_forward(x, g.astype(np.float32), g, 1e-5)
+    y, xhat, rstd = _C.layer_norm_forward(x, g, g, 1e-5)
+    with pytest.raises(ValueError, match="dy must have xhat's shape"):
+        _C.layer_norm_backward(np.zeros((4, 2)), xhat, rstd, g)
+    empty = _C.layer_norm_forward(np.zeros((0, 3)), g, g, 1e-5)
+    assert empty[0].shape == (0, 3)
+
+
+def test_large_inputs_take_the_parallel_path_with_the_same_results():
+    """Above their size thresholds GELU and LayerNorm split rows over threads: elementwise
+    and per-row results equal the one-thread results bit for bit."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((16411, 130)).astype(np.float32)  # 2.1 M elements: over both thresholds
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    gamma, beta = rng.standard_normal(130).astype(np.float32), rng.standard_normal(130).astype(np.float32)
+    before = ff.get_num_threads()
+    out = []
+    try:
+        for threads in (1, 2):
+            ff.set_num_threads(threads)
+            y, w = _C.gelu_forward(x.reshape(-1))
+            dx = _C.gelu_backward(dy.reshape(-1), x.reshape(-1), w)
+            ny, xhat, rstd = _C.layer_norm_forward(x, gamma, beta, 1e-5)
+            ndx, dgamma, dbeta = _C.layer_norm_backward(dy, xhat, rstd, gamma)
+            out.append((y, dx, ny, ndx, dgamma, dbeta))
+    finally:
+        ff.set_num_threads(before)
+    for a, b in zip(out[0][:4], out[1][:4]):
+        assert np.array_equal(a, b)
+    for a, b in zip(out[0][4:], out[1][4:]):  # sums over rows: the order of the partial sums differs
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)
