@@ -904,12 +904,8 @@ static PyObject *py_layer_norm_backward(PyObject *self, PyObject *args)
                                          PyArray_DATA(dy), PyArray_DATA(xhat), PyArray_DATA(rstd),
                                          PyArray_DATA(gamma), (size_t)R, (size_t)C, nt);
     Py_END_ALLOW_THREADS
-    if (status != FF_OK) {
-        PyErr_SetString(status == FF_ERR_NOMEM ? PyExc_MemoryError : PyExc_ValueError,
-                        status == FF_ERR_NOMEM ? "layer_norm_backward: out of memory for its workspace"
-                                               : "layer_norm_backward: sizes overflow");
+    if (status_to_exception(status) < 0)
         goto cleanup;
-    }
     result = PyTuple_Pack(3, dx, dgamma, dbeta);
 cleanup:
     Py_XDECREF(xhat);
