@@ -179,8 +179,6 @@ def check_resume_flags(args, argv: List[str], parser: argparse.ArgumentParser, s
         field = _CONFIG_NAME.get(dest, dest)
         if dest == "kernel_init_fixed_tau":
             value = not value
-        if dest == "attention_eps" and value is None:
-            continue
         have = getattr(saved, field)
         if value != have:
             flag = action.option_strings[0]
@@ -189,7 +187,8 @@ def check_resume_flags(args, argv: List[str], parser: argparse.ArgumentParser, s
 
 
 def train_command(args, argv: Optional[List[str]] = None, parser: Optional[argparse.ArgumentParser] = None) -> int:
-    from .training import TrainConfig, load_checkpoint, train
+    from .training import TrainConfig, train
+    from .training.checkpoint import load_meta as load_checkpoint_meta
 
     cfg = _config_from(args)
     if args.resume:
@@ -197,7 +196,7 @@ def train_command(args, argv: Optional[List[str]] = None, parser: Optional[argpa
         ckpt = os.path.join(out, "checkpoint.npz")
         if not os.path.isfile(ckpt):
             raise FileNotFoundError(f"--resume {out}: no checkpoint.npz there")
-        _, _, meta = load_checkpoint(ckpt)
+        meta = load_checkpoint_meta(ckpt)
         try:
             saved = TrainConfig.from_saved(meta.get("config"))
         except TypeError as exc:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .. import set_num_threads
 from ..training import TrainConfig
-from ..training.loop import batch_for, build_data, build_model, prepare_run_folder
+from ..training.loop import batch_for, batch_tokens, build_data, build_model, prepare_run_folder
 from ..training.optim import lr_at
 from ..__main__ import kernel_init_args
 from .nn import load_numpy_parameters, model_for_config, save_numpy_checkpoint
@@ -78,14 +78,6 @@ def _loss(cfg: TrainConfig, model, batch, device):
     logits = model(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
     labels_t = torch.from_numpy(np.asarray(labels)).to(device)
     return F.cross_entropy(logits, labels_t), int((logits.argmax(-1) == labels_t).sum())
-
-
-def _tokens(cfg: TrainConfig, batch) -> int:
-    """Tokens in a batch: every position for text-lm, the unmasked
-    ones for the classification tasks (the NumPy trainer's count)."""
-    if cfg.task == "text-lm":
-        return int(batch[0].size)
-    return int(np.asarray(batch[1]).sum())
 
 
 def _slice(batch, lo: int, hi: int):
@@ -149,7 +141,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     tokens = 0  # counted as the NumPy trainer counts them: real (unmasked) tokens of the global batch
     for step in range(cfg.steps):  # step numbering, batches and schedule as in the NumPy trainer
         full = batch_for(cfg, data, step)
-        tokens += _tokens(cfg, full)
+        tokens += batch_tokens(cfg, full)
         batch = _slice(full, rank * per, (rank + 1) * per)
         loss, _ = _loss(cfg, net, batch, device)
         opt.zero_grad(set_to_none=True)

@@ -54,9 +54,8 @@ def remove_stale_temporaries(folder: str) -> int:
     return removed
 
 
-def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], dict]:
-    """(params, optimiser state, meta); ValueError for a file that is not a complete
-    flexformer checkpoint (truncated, corrupted or something else)."""
+def _read(path: str, meta_only: bool) -> Tuple[Dict[str, np.ndarray], dict]:
+    """The arrays (none when ``meta_only``) and the checked meta of a checkpoint file."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
@@ -64,7 +63,7 @@ def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], dict]
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a bare .npy under this name
             raise ValueError("a single array, not an .npz archive")
         with loaded as z:
-            data = {k: z[k] for k in z.files}
+            data = {k: z[k] for k in (("meta",) if meta_only else z.files)}
         meta = json.loads(str(data.pop("meta")))
     except MemoryError:
         raise ValueError(f"{path} is not a readable flexformer checkpoint (an array header claims more memory "
@@ -75,6 +74,19 @@ def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], dict]
         raise ValueError(f"{path} is not a flexformer checkpoint (its meta is a {type(meta).__name__}, not an object)")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a flexformer checkpoint (format {meta.get('format')!r})")
+    return data, meta
+
+
+def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], dict]:
+    """(params, optimiser state, meta); ValueError for a file that is not a complete
+    flexformer checkpoint (truncated, corrupted or something else)."""
+    data, meta = _read(path, meta_only=False)
     params = {k[6:]: v for k, v in data.items() if k.startswith("param/")}
     opt = {k[4:]: v for k, v in data.items() if k.startswith("opt/")}
     return params, opt, meta
+
+
+def load_meta(path: str) -> dict:
+    """The meta of a checkpoint (step, configuration) without reading its arrays; the same
+    errors as :func:`load` for a file that is not a flexformer checkpoint."""
+    return _read(path, meta_only=True)[1]

@@ -184,8 +184,13 @@ def check_saved_sizes(cfg: TrainConfig, params: dict, where: str) -> None:
     for name, value in params.items():
         if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
             fail(f"parameter {name} is not a floating-point array")
+    for name in ("backbone.embed.W", "head.W"):
+        if name not in params:
+            fail(f"missing parameter {name!r}")
+        if params[name].ndim != 2:
+            fail(f"{name} must be 2-d, got shape {params[name].shape}")
     embed = params["backbone.embed.W"]
-    if embed.ndim != 2 or embed.shape[1] != cfg.dim:
+    if embed.shape[1] != cfg.dim:
         fail(f"backbone.embed.W has shape {embed.shape}, the configuration's dim is {cfg.dim}")
     blocks = {int(n.split(".")[2]) for n in params if n.startswith("backbone.blocks.") and n.split(".")[2].isdigit()}
     if blocks != set(range(cfg.depth)):
@@ -206,11 +211,10 @@ def load_model(path: str):
     params, _, meta = checkpoint.load(ckpt)
     try:
         cfg = TrainConfig.from_saved(meta["config"])
-        vocab = params["backbone.embed.W"].shape[0]
-        classes = params["head.W"].shape[1]
-    except (KeyError, TypeError, IndexError) as exc:
+    except (KeyError, TypeError) as exc:
         raise ValueError(f"{ckpt} does not hold a flexformer model ({exc.__class__.__name__}: {exc})") from None
     check_saved_sizes(cfg, params, ckpt)
+    vocab, classes = params["backbone.embed.W"].shape[0], params["head.W"].shape[1]
     max_len = params["backbone.pos.P"].shape[0] if "backbone.pos.P" in params else (
         784 if cfg.task == "fmnist" else cfg.seq_len)
     model = model_for_config(cfg, vocab, None if cfg.task == "text-lm" else classes, max_len)
@@ -229,17 +233,25 @@ def batch_for(cfg: TrainConfig, data, step: int, split: str = "train"):
     return data.batch(rng, cfg.batch_size, split)
 
 
+def batch_tokens(cfg: TrainConfig, batch) -> int:
+    """Tokens a batch trains on, as tokens/s counts them (both trainers): every position
+    for text-lm, the unmasked ones for the classification tasks."""
+    if cfg.task == "text-lm":
+        return int(np.asarray(batch[0]).size)
+    return int(np.asarray(batch[1]).sum())
+
+
 def loss_and_grad(cfg: TrainConfig, model, batch):
     """(loss, correct, count, tokens) for a batch; gradients are left in the model."""
     if cfg.task == "text-lm":
         x, y = batch
         logits = model.forward(x)
         loss, dlogits = cross_entropy(logits, y)
-        return loss, dlogits, None, x.size
+        return loss, dlogits, None, batch_tokens(cfg, batch)
     ids, mask, labels = batch
     logits = model.forward(ids, mask)
     loss, dlogits = cross_entropy(logits, labels)
-    return loss, dlogits, int((logits.argmax(-1) == labels).sum()), int(mask.sum())
+    return loss, dlogits, int((logits.argmax(-1) == labels).sum()), batch_tokens(cfg, batch)
 
 
 def attention_diagnostics(model, *, rows: int = 32) -> list:
@@ -377,7 +389,6 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
             start_step = meta["step"]
             if not isinstance(start_step, int) or isinstance(start_step, bool) or start_step < 0:
                 raise TypeError(f"step must be an integer >= 0, got {start_step!r}")
-            params["backbone.embed.W"], params["head.W"]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{ckpt_path} does not hold a resumable run ({exc.__class__.__name__}: {exc})") from None
         check_saved_sizes(cfg, params, ckpt_path)
