@@ -146,7 +146,12 @@ static int status_to_exception(int status)
  * parameter arrays described by axis letters, and a set of keywords. Axis letters:
  * H heads and d head size (both from q), m features and p projected length (bound by
  * the first array that has them), L the projection's maximum length (>= Nk). */
-enum op_id { OP_FLEX_S, OP_FLEX_N, OP_PERFORMER, OP_HEDGEHOG, OP_LINEAR, OP_SOFTMAX, OP_LINFORMER };
+enum op_id {
+#define X(name, ...) OP_##name,
+    FF_KINDS(X)
+#undef X
+    OP_COUNT
+};
 
 typedef struct {
     const char *name;
@@ -158,25 +163,31 @@ typedef struct {
 typedef struct {
     const char *qname, *kname;
     int nparams;
-    param_spec params[3];
+    param_spec params[4]; /* up to three, then an entry with a NULL name */
     int ngrads;           /* parameter gradients the backward returns (first ngrads) */
     int linear;           /* takes eps and returns a guard count */
-    int causal_ok;
-    const char *causal_refusal;
+    const char *causal_refusal; /* NULL: causal=True is supported */
+    int (*call[2])(const ff_attention_args *); /* the float and the double adapter */
 } op_spec;
 
-static const op_spec OPS[] = {
-    [OP_FLEX_S] = {"q", "k", 1, {{"omega", "Hmd", NULL, 1}}, 1, 1, 1, NULL},
-    [OP_FLEX_N] = {"q", "k", 3, {{"omega1", "Hmd", NULL, 1}, {"omega2", "Hmd", NULL, 1}, {"tau", "H", NULL, 1}},
-                   3, 1, 1, NULL},
-    [OP_PERFORMER] = {"q", "k", 1, {{"omega", "Hmd", NULL, 1}}, 0, 1, 1, NULL},
-    [OP_HEDGEHOG] = {"q", "k", 1, {{"W", "Hdm", NULL, 1}}, 1, 1, 1, NULL},
-    [OP_LINEAR] = {"phi_q", "phi_k", 0, {{NULL, NULL, NULL, 0}}, 0, 1, 1, NULL},
-    [OP_SOFTMAX] = {"q", "k", 0, {{NULL, NULL, NULL, 0}}, 0, 0, 1, NULL},
-    [OP_LINFORMER] = {"q", "k", 2, {{"E", "HpL", "pL", 1}, {"F", "HpL", "pL", 1}}, 2, 0, 0,
-                      "causal=True is not available for Linformer: its projection E k mixes "
-                      "keys from every position, so an output row would depend on future keys"},
-};
+/* Each kind's row, from kinds.h; nparams is counted at import (count_params). */
+#define P(name, axes) {name, axes, NULL, 1},
+#define PA(name, axes, alt) {name, axes, alt, 1},
+#define FF_UNPAREN(...) __VA_ARGS__
+#define X(name, qn, kn, ngrads, linear, F, grads_doc, refusal, params)                      \
+    [OP_##name] = {qn, kn, 0, {FF_UNPAREN params{NULL, NULL, NULL, 0}}, ngrads, linear,    \
+                   refusal, {name##_attention_call_f32, name##_attention_call_f64}},
+static op_spec OPS[] = {FF_KINDS(X)};
+#undef X
+#undef P
+#undef PA
+
+static void count_params(void)
+{
+    for (int op = 0; op < OP_COUNT; ++op)
+        while (OPS[op].params[OPS[op].nparams].name)
+            ++OPS[op].nparams;
+}
 
 typedef struct {
     enum op_id op;
@@ -279,7 +290,7 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
     const op_spec *sp = c->spec;
     const char *qn = sp->qname, *kn = sp->kname;
     char qdoc[32], kdoc[32];
-    const char *dsym = c->op == OP_LINEAR ? "F" : "d";
+    const char *dsym = c->op == OP_linear ? "F" : "d";
     snprintf(qdoc, sizeof qdoc, "(B, H, Nq, %s)", dsym);
     snprintf(kdoc, sizeof kdoc, "(B, H, Nk, %s)", dsym);
     c->m = c->kp = c->L = -1;
@@ -303,7 +314,7 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
     c->d = PyArray_DIM(c->q, 3);
     if (c->d == 0) {
         PyErr_Format(PyExc_ValueError, "%s must have a %s >= 1 (last axis), got 0", qn,
-                     c->op == OP_LINEAR ? "feature size F" : "head size d");
+                     c->op == OP_linear ? "feature size F" : "head size d");
         return -1;
     }
     if (!(c->k = to_array(k, kn, c->typenum, 4, kdoc)))
@@ -327,7 +338,7 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
     for (int i = 0; i < sp->nparams; ++i)
         if (prepare_param(c, i, params[i]) < 0)
             return -1;
-    if (c->op == OP_LINFORMER && PyArray_NDIM(c->params[0]) != PyArray_NDIM(c->params[1])) {
+    if (c->op == OP_linformer && PyArray_NDIM(c->params[0]) != PyArray_NDIM(c->params[1])) {
         PyErr_Format(PyExc_ValueError,
                      "E and F must both be shared by all heads (kp, Nmax) or both per head "
                      "(H, kp, Nmax), got %d-d E and %d-d F",
@@ -344,7 +355,7 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
             return shape_error(c->mask, "key_mask", want);
         }
     }
-    if (c->causal && !sp->causal_ok) {
+    if (c->causal && sp->causal_refusal) {
         PyErr_SetString(PyExc_ValueError, sp->causal_refusal);
         return -1;
     }
@@ -377,7 +388,17 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
 /* Length of one (b,h)'s packed key state [S (F,e), z (F), R, M] for this call. */
 static npy_intp key_state_size(const attn_call *c)
 {
-    const npy_intp F = c->op == OP_LINEAR ? c->d : c->op == OP_PERFORMER ? c->m : 2 * c->m;
+    const npy_intp d = c->d, m = c->m;
+    npy_intp F = 0;
+    (void)d;
+    (void)m;
+    switch (c->op) {
+#define X(name, qn, kn, ngrads, linear, Fexpr, ...) case OP_##name: F = (Fexpr); break;
+        FF_KINDS(X)
+#undef X
+    default:
+        break;
+    }
     return F * c->e + F + 2;
 }
 
@@ -467,50 +488,42 @@ static void restore_handler(PyObject *old)
 }
 
 #define DATA(a) ((a) ? PyArray_DATA(a) : NULL)
-/* The same call on the float or the double kernel (every array argument is void *). */
-#define TYPED_CALL(t, fn, ...) ((t) == NPY_FLOAT ? fn##_f32(__VA_ARGS__) : fn##_f64(__VA_ARGS__))
-
-/* Run the kernel; outputs: out (forward) or grads[0..2] = dq, dk, dv and grads[3..] the
- * parameter gradients (backward). The GIL is released by the caller. */
+/* Run the kernel through the kind's adapter; outputs: out (forward) or g[0..2] = dq, dk,
+ * dv and g[3..] the parameter gradients (backward). The GIL is released by the caller. */
 static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void *ks, void **g)
 {
-    const int t = c->typenum, causal = c->causal, nt = KERNEL_THREADS();
-    const size_t B = (size_t)c->B, H = (size_t)c->H, Nq = (size_t)c->Nq, Nk = (size_t)c->Nk;
-    const size_t d = (size_t)c->d, e = (size_t)c->e;
-    const size_t m = c->m > 0 ? (size_t)c->m : 0;
-    const uint8_t *mask = (const uint8_t *)DATA(c->mask);
-    void *q = PyArray_DATA(c->q), *k = PyArray_DATA(c->k), *v = PyArray_DATA(c->v);
-    void *p0 = DATA(c->params[0]), *p1 = DATA(c->params[1]), *p2 = DATA(c->params[2]);
-    void *dout = DATA(c->dout);
-    const double eps = c->eps, scale = c->scale;
-    switch (c->op) {
-    case OP_FLEX_S:
-        return TYPED_CALL(t, flex_s_attention_backward, g[0], g[1], g[2], g[3], out, guard, ks,
-                          dout, q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
-    case OP_FLEX_N:
-        return TYPED_CALL(t, flex_n_attention_backward, g[0], g[1], g[2], g[3], g[4], g[5], out,
-                          guard, ks, dout, q, k, v, p0, p1, p2, mask, B, H, Nq, Nk, d, e, m,
-                          causal, eps, nt);
-    case OP_PERFORMER:
-        return TYPED_CALL(t, performer_attention_backward, g[0], g[1], g[2], out, guard, ks, dout,
-                          q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
-    case OP_HEDGEHOG:
-        return TYPED_CALL(t, hedgehog_attention_backward, g[0], g[1], g[2], g[3], out, guard, ks,
-                          dout, q, k, v, p0, mask, B, H, Nq, Nk, d, e, m, causal, eps, nt);
-    case OP_LINEAR:
-        return TYPED_CALL(t, linear_attention_backward, g[0], g[1], g[2], out, guard, ks, dout, q,
-                          k, v, mask, B, H, Nq, Nk, d, e, causal, eps, nt);
-    case OP_SOFTMAX:
-        return TYPED_CALL(t, softmax_attention_backward, g[0], g[1], g[2], out, dout, q, k, v,
-                          mask, B, H, Nq, Nk, d, e, scale, causal, nt);
-    case OP_LINFORMER: {
-        const size_t nEF = PyArray_NDIM(c->params[0]) == 3 ? H : 1;
-        return TYPED_CALL(t, linformer_attention_backward, g[0], g[1], g[2], g[3], g[4], out,
-                          dout, q, k, v, p0, p1, mask, B, H, Nq, Nk, d, e, (size_t)c->kp,
-                          (size_t)c->L, nEF, scale, nt);
+    ff_attention_args a;
+    memset(&a, 0, sizeof a);
+    a.out = out;
+    a.guard_count = guard;
+    a.key_state = ks;
+    a.dq = g[0];
+    a.dk = g[1];
+    a.dv = g[2];
+    for (int i = 0; i < 3; ++i) {
+        a.dparams[i] = g[3 + i];
+        a.params[i] = DATA(c->params[i]);
     }
-    }
-    return FF_ERR_ARG;
+    a.dout = DATA(c->dout);
+    a.q = PyArray_DATA(c->q);
+    a.k = PyArray_DATA(c->k);
+    a.v = PyArray_DATA(c->v);
+    a.key_mask = (const uint8_t *)DATA(c->mask);
+    a.B = (size_t)c->B;
+    a.H = (size_t)c->H;
+    a.Nq = (size_t)c->Nq;
+    a.Nk = (size_t)c->Nk;
+    a.d = (size_t)c->d;
+    a.e = (size_t)c->e;
+    a.m = c->m > 0 ? (size_t)c->m : 0;
+    a.kp = c->kp > 0 ? (size_t)c->kp : 0;
+    a.Nmax = c->L > 0 ? (size_t)c->L : 0;
+    a.nEF = c->params[0] && PyArray_NDIM(c->params[0]) == 3 ? a.H : 1;
+    a.causal = c->causal;
+    a.nthreads = KERNEL_THREADS();
+    a.eps = c->eps;
+    a.scale = c->scale;
+    return c->spec->call[c->typenum == NPY_FLOAT ? 0 : 1](&a);
 }
 
 static PyObject *attn_call_execute(attn_call *c)
@@ -698,26 +711,18 @@ done:
     return result;
 }
 
-#define ENTRY(pyname, op, backward)                                                      \
-    static PyObject *pyname(PyObject *self, PyObject *args, PyObject *kw)                \
+#define ENTRY(name, ...)                                                                 \
+    static PyObject *py_##name##_forward(PyObject *self, PyObject *args, PyObject *kw)   \
     {                                                                                    \
         (void)self;                                                                      \
-        return attn_entry(op, backward, args, kw);                                       \
+        return attn_entry(OP_##name, 0, args, kw);                                       \
+    }                                                                                    \
+    static PyObject *py_##name##_backward(PyObject *self, PyObject *args, PyObject *kw)  \
+    {                                                                                    \
+        (void)self;                                                                      \
+        return attn_entry(OP_##name, 1, args, kw);                                       \
     }
-ENTRY(py_flex_s_forward, OP_FLEX_S, 0)
-ENTRY(py_flex_s_backward, OP_FLEX_S, 1)
-ENTRY(py_flex_n_forward, OP_FLEX_N, 0)
-ENTRY(py_flex_n_backward, OP_FLEX_N, 1)
-ENTRY(py_performer_forward, OP_PERFORMER, 0)
-ENTRY(py_performer_backward, OP_PERFORMER, 1)
-ENTRY(py_hedgehog_forward, OP_HEDGEHOG, 0)
-ENTRY(py_hedgehog_backward, OP_HEDGEHOG, 1)
-ENTRY(py_linear_forward, OP_LINEAR, 0)
-ENTRY(py_linear_backward, OP_LINEAR, 1)
-ENTRY(py_softmax_forward, OP_SOFTMAX, 0)
-ENTRY(py_softmax_backward, OP_SOFTMAX, 1)
-ENTRY(py_linformer_forward, OP_LINFORMER, 0)
-ENTRY(py_linformer_backward, OP_LINFORMER, 1)
+FF_KINDS(ENTRY)
 #undef ENTRY
 
 /* --------------------------------------------------------------- activation */
@@ -1006,20 +1011,11 @@ static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
 #define KERNEL(name, doc)                                                                  \
     {#name, (PyCFunction)(void (*)(void))py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 static PyMethodDef methods[] = {
-    KERNEL(flex_s_forward, "-> (out, guard_count)"),
-    KERNEL(flex_s_backward, "-> (dq, dk, dv, domega)"),
-    KERNEL(flex_n_forward, "-> (out, guard_count)"),
-    KERNEL(flex_n_backward, "-> (dq, dk, dv, domega1, domega2, dtau)"),
-    KERNEL(performer_forward, "-> (out, guard_count)"),
-    KERNEL(performer_backward, "-> (dq, dk, dv)"),
-    KERNEL(hedgehog_forward, "-> (out, guard_count)"),
-    KERNEL(hedgehog_backward, "-> (dq, dk, dv, dW)"),
-    KERNEL(linear_forward, "-> (out, guard_count)"),
-    KERNEL(linear_backward, "-> (dphi_q, dphi_k, dv)"),
-    KERNEL(softmax_forward, "-> out"),
-    KERNEL(softmax_backward, "-> (dq, dk, dv)"),
-    KERNEL(linformer_forward, "-> out"),
-    KERNEL(linformer_backward, "-> (dq, dk, dv, dE, dF)"),
+#define X(name, qn, kn, ngrads, linear, F, grads_doc, ...)                                 \
+    KERNEL(name##_forward, linear ? "-> (out, guard_count)" : "-> out"),                    \
+    KERNEL(name##_backward, "-> " grads_doc),
+    FF_KINDS(X)
+#undef X
     {"layer_norm_forward", py_layer_norm_forward, METH_VARARGS,
      "layer_norm_forward(x (R,C), gamma, beta, eps) -> (y, xhat, rstd)"},
     {"layer_norm_backward", py_layer_norm_backward, METH_VARARGS,
@@ -1042,6 +1038,7 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_C",
 PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
+    count_params();
 #if !defined(_WIN32)
     pthread_atfork(ff_buffer_cache_lock, ff_buffer_cache_unlock, after_fork_in_child);
 #endif
