@@ -93,18 +93,17 @@ static inline int ff_cpu_level(void)
 
 /* Bytes the causal backward may spend on caching each chunk's features and weights
  * between its two sweeps (a few KiB per row; beyond the budget it recomputes them).
- * FLEXFORMER_CAUSAL_CACHE_MIB overrides the default of 256 MiB; 0 turns the cache off. */
+ * Default 256 MiB; 0 turns the cache off. Set through ff_set_causal_cache_bytes (the
+ * Python layer's set_causal_cache, which also reads FLEXFORMER_CAUSAL_CACHE_MIB once at
+ * import); defined in kernels.c. */
+extern size_t ff_causal_cache_limit;
+
 static inline size_t ff_causal_cache_bytes(void)
 {
-    const char *env = getenv("FLEXFORMER_CAUSAL_CACHE_MIB");
-    if (env && *env) {
-        char *end;
-        const unsigned long long mib = strtoull(env, &end, 10);
-        if (*end == 0 && mib <= (unsigned long long)(SIZE_MAX >> 20))
-            return (size_t)mib << 20;
-    }
-    return (size_t)256 << 20;
+    return ff_causal_cache_limit;
 }
+
+void ff_set_causal_cache_bytes(size_t bytes);
 
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */

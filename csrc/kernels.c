@@ -68,6 +68,13 @@
 #include "activation.inc"
 #include "norm.inc"
 
+size_t ff_causal_cache_limit = (size_t)256 << 20;
+
+void ff_set_causal_cache_bytes(size_t bytes)
+{
+    ff_causal_cache_limit = bytes;
+}
+
 int ff_openmp_enabled(void)
 {
 #ifdef _OPENMP

@@ -998,6 +998,28 @@ static PyObject *py_set_buffer_cache(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_causal_cache(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const double mib = PyFloat_AsDouble(arg);
+    if (mib == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!(mib >= 0) || !(mib <= 1048576)) {
+        PyErr_Format(PyExc_ValueError, "mib must be a number from 0 to 1048576, got %R", arg);
+        return NULL;
+    }
+    const double bytes = mib * 1048576.0;
+    ff_set_causal_cache_bytes(bytes >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_causal_cache_limit(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromSize_t(ff_causal_cache_bytes());
+}
+
 static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -1028,6 +1050,8 @@ static PyMethodDef methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads kernel calls will use"},
     {"set_buffer_cache", py_set_buffer_cache, METH_O, "bound on the block cache in MiB (0: off)"},
     {"buffer_cache_info", py_buffer_cache_info, METH_NOARGS, "the block cache's counters"},
+    {"set_causal_cache", py_set_causal_cache, METH_O, "the causal backward's chunk-cache budget in MiB (0: off)"},
+    {"causal_cache_limit", py_causal_cache_limit, METH_NOARGS, "the causal backward's chunk-cache budget in bytes"},
     {NULL, NULL, 0, NULL}};
 #undef KERNEL
 

@@ -1,19 +1,25 @@
 """The causal backward's chunk cache (features and weights kept from its forward sweep for
 its reverse sweep, within a memory budget): gradients with and without it must be the
 same bit for bit, on the per-pair path and the sequence-segment path, masked and not."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+
+import flexformer as ff
 
 from conftest import random_mask
 from test_key_state import KINDS, _case
 
 
 @pytest.fixture
-def cache_budget(monkeypatch):
-    """Set FLEXFORMER_CAUSAL_CACHE_MIB for the kernels (read at every call)."""
-    def set_budget(mib):
-        monkeypatch.setenv("FLEXFORMER_CAUSAL_CACHE_MIB", str(mib))
-    return set_budget
+def cache_budget():
+    """Set the kernels' chunk-cache budget (flexformer.set_causal_cache); restored after."""
+    before = ff.causal_cache_limit()
+    yield ff.set_causal_cache
+    ff.set_causal_cache(before / 2 ** 20)
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
@@ -46,3 +52,20 @@ def test_budget_too_small_for_the_cache_falls_back(cache_budget):
     small = bwd(dout, *args, causal=True)
     for a, b in zip(big, small):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_budget_is_set_by_the_setter_and_read_from_the_environment_once():
+    code = ("import os, flexformer as ff; print(ff.causal_cache_limit()); "
+            "os.environ['FLEXFORMER_CAUSAL_CACHE_MIB'] = '3'; print(ff.causal_cache_limit()); "
+            "ff.set_causal_cache(0.5); print(ff.causal_cache_limit())")
+    env = dict(os.environ, FLEXFORMER_CAUSAL_CACHE_MIB="7")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(7 << 20), str(7 << 20), str(1 << 19)]
+    bad = dict(env, FLEXFORMER_CAUSAL_CACHE_MIB="lots")
+    res = subprocess.run([sys.executable, "-c", "import flexformer"], env=bad, capture_output=True, text=True)
+    assert res.returncode != 0 and "FLEXFORMER_CAUSAL_CACHE_MIB='lots'" in res.stderr
+    for wrong in (-1, float("nan"), 2e6):
+        with pytest.raises(ValueError, match="mib must be a number from 0 to 1048576"):
+            ff.set_causal_cache(wrong)
+    with pytest.raises(TypeError, match="mib must be a number"):
+        ff.set_causal_cache("3")

@@ -37,6 +37,10 @@ def _phi(kind, x, p):
         return reference.flex_s_phi(x, p["omega"])
     if kind == "performer":
         return reference.performer_phi(x, p["omega"])
+    if kind == "taylor":  # [1, x', vec(x' x'^T) / sqrt 2], x' = x / d^(1/4), written out
+        xs = x / x.shape[-1] ** 0.25
+        quad = (xs[..., :, None] * xs[..., None, :]).reshape(xs.shape[:-1] + (-1,)) / np.sqrt(2)
+        return np.concatenate([np.ones(xs.shape[:-1] + (1,)), xs, quad], -1)
     return reference.hedgehog_phi(x, p["W"])
 
 

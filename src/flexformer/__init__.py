@@ -78,6 +78,33 @@ def _buffer_cache_from_environment() -> None:
 _buffer_cache_from_environment()
 
 
+def set_causal_cache(mib: float) -> None:
+    """Bound the memory the causal backward may spend keeping each chunk's features and
+    weights between its two sweeps, in MiB (default 256; 0 recomputes them instead).
+    Beyond the bound the kernel recomputes; the gradients are the same bit for bit either
+    way. ``FLEXFORMER_CAUSAL_CACHE_MIB``, when set, is read once, at import."""
+    if isinstance(mib, bool) or not isinstance(mib, (int, float, np.integer, np.floating)):
+        raise TypeError(f"mib must be a number, got {type(mib).__name__}")
+    _C.set_causal_cache(float(mib))  # the range (0 to 1048576) is checked there
+
+
+def causal_cache_limit() -> int:
+    """The causal backward's chunk-cache budget in bytes (:func:`set_causal_cache`)."""
+    return int(_C.causal_cache_limit())
+
+
+def _causal_cache_from_environment() -> None:
+    value = os.environ.get("FLEXFORMER_CAUSAL_CACHE_MIB", "").strip()
+    if value:
+        try:
+            set_causal_cache(float(value))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"FLEXFORMER_CAUSAL_CACHE_MIB={value!r}: {exc}") from None
+
+
+_causal_cache_from_environment()
+
+
 def buffer_cache_info() -> dict:
     """The block cache's state: ``blocks`` and ``bytes`` held now, ``limit`` in bytes, and
     ``hits`` / ``misses`` counted over the large allocations so far."""
@@ -109,6 +136,8 @@ __all__ = [
     "get_num_threads",
     "buffer_cache_info",
     "set_buffer_cache",
+    "causal_cache_limit",
+    "set_causal_cache",
     "data",
     "init",
     "nn",

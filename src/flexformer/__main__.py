@@ -25,6 +25,8 @@ import numpy as np
 from . import __version__, flex_n_attention, flex_n_attention_backward, get_num_threads, init
 from . import openmp_enabled, reference, set_num_threads
 from ._timing import median_seconds
+from .distill import DISTILL_KINDS
+from .registry import attention_kinds
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -373,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a folder that holds a run is refused)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     c = sub.add_parser("compare", help="several attention kinds under one budget: a markdown table")
-    c.add_argument("--attentions", default="softmax,flex_s,flex_n,rfa,performer,hedgehog,linformer")
+    c.add_argument("--attentions", default=",".join(attention_kinds()),
+                   help="comma-separated kinds (default: every registered kind)")
     c.add_argument("--seeds", type=int, default=3)
     c.epilog = "Any other arguments (e.g. --task listops --steps 300) go to every train run."
     p = sub.add_parser("demo", help="time Flexformer_n attention and compare it with softmax")
@@ -399,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "one before it validation")
     s.add_argument("--transfer-dir", default=None, help="a second corpus (folder of text files) for the "
                    "transfer table, e.g. /usr/share/common-licenses")
-    s.add_argument("--kinds", default=",".join(("flex_n", "flex_s", "hedgehog", "performer", "rfa")))
+    s.add_argument("--kinds", default=",".join(DISTILL_KINDS),
+                   help=f"comma-separated kinds (default: the distillable ones, {','.join(DISTILL_KINDS)})")
     s.add_argument("--features", type=int, default=32, help="m per head (default 32)")
     s.add_argument("--steps", type=int, default=300, help="Adam steps per layer (default 300)")
     s.add_argument("--lr", type=float, default=1e-2)

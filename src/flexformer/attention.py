@@ -356,3 +356,48 @@ def linear_attention_backward(
     """Gradients ``(dphi_q, dphi_k, dv)`` of :func:`linear_attention`."""
     return _backward(_C.linear_backward, dout, phi_q, phi_k, v, causal=causal, key_mask=key_mask, eps=eps,
                      key_state=key_state)
+
+
+def kernel_attention(
+    kernel: str,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *params: np.ndarray,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+    return_guard_count: bool = False,
+    return_key_state: bool = False,
+) -> ArrayOrPair:
+    """Linear attention through the C kernel pair named ``kernel`` (``csrc/kinds.h``), with
+    its parameters in order: the path the registry's linear kinds run on. The functions
+    above are this call with named parameters; arguments and results as in
+    :func:`flex_s_attention`."""
+    return _forward(_kernel(kernel, "_forward"), q, k, v, *params, causal=causal, key_mask=key_mask, eps=eps,
+                    return_guard_count=return_guard_count, return_key_state=return_key_state)
+
+
+def kernel_attention_backward(
+    kernel: str,
+    dout: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *params: np.ndarray,
+    causal: bool = False,
+    key_mask: Optional[np.ndarray] = None,
+    eps: float = DEFAULT_EPS,
+    key_state: Optional[np.ndarray] = None,
+) -> Tuple[np.ndarray, ...]:
+    """Gradients of :func:`kernel_attention`: ``(dq, dk, dv)`` and then the gradients of the
+    kernel's learnable parameters."""
+    return _backward(_kernel(kernel, "_backward"), dout, q, k, v, *params, causal=causal, key_mask=key_mask,
+                     eps=eps, key_state=key_state)
+
+
+def _kernel(kernel: str, direction: str):
+    fn = getattr(_C, f"{kernel}{direction}", None) if isinstance(kernel, str) else None
+    if fn is None:
+        raise ValueError(f"no C kernel called {kernel!r}")
+    return fn

@@ -24,9 +24,10 @@ import numpy as np
 
 from .attention import DEFAULT_EPS
 from .features import features
+from .registry import attention_kinds, get_attention
 
-#: kinds whose rows the NumPy feature twins can rebuild
-KERNEL_KINDS = ("flex_s", "flex_n", "rfa", "performer", "hedgehog", "elu")
+#: kinds whose rows the NumPy feature twins can rebuild (the registry's kinds with a feature map)
+KERNEL_KINDS = tuple(k for k in attention_kinds() if get_attention(k).feature_map is not None)
 
 
 def nominal_scale(kind: str, params: Dict[str, np.ndarray], head_dim: int) -> np.ndarray:

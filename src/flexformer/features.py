@@ -1,31 +1,35 @@
-"""NumPy twins of the C feature maps in their split form phi(x) = exp(s(x)) f(x), |f| <= 1,
-with gradients with respect to the kernel parameters.
+"""NumPy and PyTorch twins of the C feature maps in their split form
+phi(x) = exp(s(x)) f(x), |f| <= 1, with gradients with respect to the kernel parameters.
 
 The C kernels never return features (they consume them in tiles); code that needs them
-outside a kernel call (recurrent decoding, distillation, plots) uses these. Each map takes
-x (B, H, T, d) and returns (f (B, H, T, F), s (B, H, T)) in x's dtype, the same split as
-``csrc/featmap_*.inc``, so a guard or a stabiliser built on it matches the kernels.
+outside a kernel call (recurrent decoding, distillation, plots, the torch backend) uses
+these. Each map takes x (B, H, T, d) and returns (f (B, H, T, F), s (B, H, T)) in x's
+dtype, the same split as ``csrc/featmap_*.inc``, so a guard or a stabiliser built on it
+matches the kernels. The torch twins take the ``torch`` module as their first argument, so
+this module never imports torch.
+
+Which kind uses which function is recorded in the registry (:mod:`flexformer.registry`,
+fields ``feature_map``, ``feature_grad``, ``feature_size``, ``torch_feature_map``); the
+functions at the end of this module (:func:`features`, :func:`num_features`,
+:func:`feature_backward`, ``PARAM_NAMES``, ``LEARNABLE``) look kinds up there. ``"linear"``
+(the user's own features, normalised) is the one map that is not an attention kind.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+import math
+from typing import Dict, Tuple
 
 import numpy as np
 
 Params = Dict[str, np.ndarray]
 
-#: parameter names of each kind, in the registry's order
-PARAM_NAMES = {"flex_s": ("omega",), "rfa": ("omega",), "flex_n": ("omega1", "omega2", "tau"),
-               "performer": ("omega",), "hedgehog": ("W",), "linear": (), "elu": (), "softmax": (),
-               "linformer": ("E", "F")}
-_LAYOUTS = {"tau": "(H,)", "W": "(H, d, m)"}  # the frequency arrays are (H, m, d)
-
 
 def require_params(kind: str, params) -> None:
     """ValueError naming what is missing unless ``params`` has every name ``kind`` needs."""
-    missing = [n for n in PARAM_NAMES[kind] if n not in params]
+    names = _param_names(kind)
+    missing = [n for n in names if n not in params]
     if missing:
-        raise ValueError(f"params for {kind} need {', '.join(PARAM_NAMES[kind])}; missing {', '.join(missing)}")
+        raise ValueError(f"params for {kind} need {', '.join(names)}; missing {', '.join(missing)}")
 
 
 def check_param_shapes(params: Params, H: int, d: int) -> None:
@@ -40,22 +44,41 @@ def check_param_shapes(params: Params, H: int, d: int) -> None:
                              f"got {x.shape}")
 
 
-#: the parameters :func:`feature_backward` differentiates (rfa and performer keep theirs fixed)
-LEARNABLE = {"flex_s": ("omega",), "flex_n": ("omega1", "omega2", "tau"), "hedgehog": ("W",)}
+_LAYOUTS = {"tau": "(H,)", "W": "(H, d, m)"}  # the frequency arrays are (H, m, d)
 
 
 def _proj(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return np.einsum("bhtd,hmd->bhtm", x, W.astype(x.dtype, copy=False))
 
 
-def _flex_s(x, p):
+# ----------------------------------------------------------------- Flexformer (flex_s, rfa, flex_n)
+
+def flex_s_features(x, p):
+    """f = m^-1/2 [cos(W x), sin(W x)], s = |x|^2 / (2 sqrt d); W = ``omega`` (H, m, d)."""
     omega = p["omega"]
     u = _proj(x, omega)
     f = np.concatenate([np.cos(u), np.sin(u)], axis=-1) * x.dtype.type(1.0 / np.sqrt(omega.shape[1]))
     return f, (x * x).sum(-1) * x.dtype.type(1.0 / (2.0 * np.sqrt(x.shape[-1])))
 
 
-def _flex_n(x, p):
+def flex_s_features_grad(x, p, df, ds):
+    omega = p["omega"]
+    m = omega.shape[1]
+    u = _proj(x, omega)
+    c = x.dtype.type(1.0 / np.sqrt(m))
+    du = c * (np.cos(u) * df[..., m:] - np.sin(u) * df[..., :m])
+    return {"omega": np.einsum("bhtm,bhtd->hmd", du, x)}
+
+
+def flex_s_features_torch(torch, x, p):
+    u = torch.einsum("bhnd,hmd->bhnm", x, p["omega"])
+    f = torch.cat([u.cos(), u.sin()], -1) / math.sqrt(p["omega"].shape[1])
+    return f, (x * x).sum(-1) / (2.0 * math.sqrt(x.shape[-1]))
+
+
+def flex_n_features(x, p):
+    """f = (4m)^-1/2 [cos(A x) + cos(B x), sin(A x) + sin(B x)], s = e^-tau |x|^2;
+    A, B = ``omega1``, ``omega2`` (H, m, d), ``tau`` (H,)."""
     a, b = _proj(x, p["omega1"]), _proj(x, p["omega2"])
     c = x.dtype.type(1.0 / np.sqrt(4.0 * p["omega1"].shape[1]))
     f = np.concatenate([np.cos(a) + np.cos(b), np.sin(a) + np.sin(b)], axis=-1) * c
@@ -63,7 +86,34 @@ def _flex_n(x, p):
     return f, (x * x).sum(-1) * coef
 
 
-def _performer(x, p):
+def flex_n_features_grad(x, p, df, ds):
+    m = p["omega1"].shape[1]
+    a, b = _proj(x, p["omega1"]), _proj(x, p["omega2"])
+    c = x.dtype.type(1.0 / np.sqrt(4.0 * m))
+    dfc, dfs = df[..., :m], df[..., m:]
+    da = c * (np.cos(a) * dfs - np.sin(a) * dfc)
+    db = c * (np.cos(b) * dfs - np.sin(b) * dfc)
+    s = (x * x).sum(-1) * np.exp(-np.asarray(p["tau"], dtype=x.dtype))[None, :, None]
+    return {"omega1": np.einsum("bhtm,bhtd->hmd", da, x), "omega2": np.einsum("bhtm,bhtd->hmd", db, x),
+            "tau": -(ds * s).sum(axis=(0, 2))}
+
+
+def flex_n_features_torch(torch, x, p):
+    a = torch.einsum("bhnd,hmd->bhnm", x, p["omega1"])
+    b = torch.einsum("bhnd,hmd->bhnm", x, p["omega2"])
+    f = torch.cat([a.cos() + b.cos(), a.sin() + b.sin()], -1) / math.sqrt(4.0 * p["omega1"].shape[1])
+    return f, (x * x).sum(-1) * torch.exp(-p["tau"])[None, :, None]
+
+
+def two_m(p, d):
+    """F = 2m for the maps whose first parameter is (H, m, d): cos and sin halves."""
+    return 2 * next(iter(p.values())).shape[1]
+
+
+# ----------------------------------------------------------------- positive feature maps
+
+def performer_features(x, p):
+    """FAVOR+: f_i = exp(w_i.x' - c) / sqrt m, s = c - |x'|^2 / 2, x' = x d^-1/4, c = max_i w_i.x'."""
     xs = x * x.dtype.type(x.shape[-1] ** -0.25)
     u = _proj(xs, p["omega"])
     c = u.max(-1)
@@ -71,14 +121,68 @@ def _performer(x, p):
     return f, c - x.dtype.type(0.5) * (xs * xs).sum(-1)
 
 
-def _hedgehog(x, p):
+def performer_features_torch(torch, x, p):
+    xs = x * x.shape[-1] ** -0.25
+    u = torch.einsum("bhnd,hmd->bhnm", xs, p["omega"])
+    c = u.amax(-1)
+    f = torch.exp(u - c.unsqueeze(-1)) / math.sqrt(p["omega"].shape[1])
+    return f, c - 0.5 * (xs * xs).sum(-1)
+
+
+def hedgehog_features(x, p):
+    """f = softmax([x W, -x W]) over 2m entries, s = 0; W (H, d, m)."""
     u = np.einsum("bhtd,hdm->bhtm", x, p["W"].astype(x.dtype, copy=False))
     z = np.concatenate([u, -u], axis=-1)
     z = np.exp(z - z.max(-1, keepdims=True))
     return z / z.sum(-1, keepdims=True), np.zeros(x.shape[:-1], x.dtype)
 
 
-def _normalised(phi):
+def hedgehog_features_grad(x, p, df, ds):
+    f, _ = hedgehog_features(x, p)
+    m = p["W"].shape[2]
+    dz = f * (df - (f * df).sum(-1, keepdims=True))
+    return {"W": np.einsum("bhtd,bhtm->hdm", x, dz[..., :m] - dz[..., m:])}
+
+
+def hedgehog_features_torch(torch, x, p):
+    u = torch.einsum("bhnd,hdm->bhnm", x, p["W"])
+    return torch.softmax(torch.cat([u, -u], -1), -1), torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+
+
+def hedgehog_size(p, d):
+    return 2 * p["W"].shape[2]
+
+
+def _taylor_phi(x, cat, outer, ones):
+    xs = x * x.shape[-1] ** -0.25
+    quad = outer(xs).reshape(xs.shape[:-1] + (-1,)) * (0.5 ** 0.5)
+    return cat([ones(xs[..., :1]), xs, quad])
+
+
+def taylor_features(x, p):
+    """Based's second-order Taylor map phi(x) = [1, x', vec(x' x'^T) / sqrt 2], x' = x d^-1/4,
+    so phi(q).phi(k) = 1 + t + t^2 / 2 for t = q.k / sqrt d; normalised: f = phi / |phi|,
+    s = log |phi|."""
+    phi = _taylor_phi(x, lambda parts: np.concatenate(parts, -1), lambda xs: xs[..., :, None] * xs[..., None, :],
+                      np.ones_like).astype(x.dtype, copy=False)
+    return normalised(phi)
+
+
+def taylor_features_torch(torch, x, p):
+    phi = _taylor_phi(x, lambda parts: torch.cat(parts, -1), lambda xs: xs.unsqueeze(-1) * xs.unsqueeze(-2),
+                      torch.ones_like)
+    return normalised_torch(torch, phi)
+
+
+def taylor_size(p, d):
+    return 1 + d + d * d
+
+
+# ----------------------------------------------------------------- the generic core's maps
+
+def normalised(phi):
+    """f = phi / |phi|, s = log |phi| (-inf and f = 0 for a zero row): the split of any
+    user features, as the C core's normalised map."""
     norm = np.sqrt((phi * phi).sum(-1))
     safe = np.where(norm > 0, norm, 1)
     f = np.where(norm[..., None] > 0, phi / safe[..., None], 0).astype(phi.dtype)
@@ -86,8 +190,11 @@ def _normalised(phi):
     return f, s
 
 
-def _linear(x, p):
-    return _normalised(x)
+def normalised_torch(torch, phi):
+    norm = torch.linalg.vector_norm(phi, dim=-1)
+    safe = torch.where(norm > 0, norm, torch.ones_like(norm))
+    f = torch.where((norm > 0).unsqueeze(-1), phi / safe.unsqueeze(-1), torch.zeros_like(phi))
+    return f, torch.where(norm > 0, safe.log(), torch.full_like(norm, -math.inf))
 
 
 def elu_plus_one(x: np.ndarray) -> np.ndarray:
@@ -102,59 +209,76 @@ def elu_plus_one_grad(x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, 1, np.exp(np.minimum(x, 0))).astype(x.dtype)
 
 
-def _elu(x, p):
-    return _normalised(elu_plus_one(x))
+def elu_features(x, p):
+    return normalised(elu_plus_one(x))
 
 
-_FORWARD: Dict[str, Callable] = {"flex_s": _flex_s, "rfa": _flex_s, "flex_n": _flex_n, "performer": _performer,
-                                 "hedgehog": _hedgehog, "linear": _linear, "elu": _elu}
+def elu_features_torch(torch, x, p):
+    return normalised_torch(torch, torch.nn.functional.elu(x) + 1)
+
+
+def input_size(p, d):
+    """F = d: the features are (a function of) the inputs themselves."""
+    return d
+
+
+# ----------------------------------------------------------------- lookup through the registry
+
+#: the user's own features (recurrent decoding and the generic core): not an attention kind
+USER_FEATURES = "linear"
+
+
+def _kind(kind: str, what: str = "a feature map"):
+    from .registry import attention_kinds, get_attention  # the registry imports this module
+    if kind in attention_kinds():
+        spec = get_attention(kind)
+        if spec.feature_map is not None:
+            return spec
+    choices = sorted([k for k in attention_kinds() if get_attention(k).feature_map is not None] + [USER_FEATURES])
+    raise ValueError(f"kind must be one of {', '.join(choices)} (the kinds with {what}), got {kind!r}")
+
+
+def _param_names(kind: str) -> Tuple[str, ...]:
+    from .registry import attention_kinds, get_attention
+    if kind == USER_FEATURES:
+        return ()
+    if kind not in attention_kinds():
+        raise ValueError(f"unknown attention kind {kind!r}; choose one of: {', '.join(attention_kinds())}")
+    return get_attention(kind).params
 
 
 def features(kind: str, x: np.ndarray, params: Params) -> Tuple[np.ndarray, np.ndarray]:
     """(f, s) of ``kind`` for x (B, H, T, d): phi(x) = exp(s) f."""
-    if kind not in _FORWARD:
-        raise ValueError(f"kind must be one of {', '.join(sorted(_FORWARD))}, got {kind!r}")
-    return _FORWARD[kind](x, params)
+    if kind == USER_FEATURES:
+        return normalised(x)
+    return _kind(kind).feature_map(x, params)
 
 
 def num_features(kind: str, params: Params, d: int) -> int:
     """F, the length of f for this kind and parameters."""
-    if kind in ("flex_s", "rfa"):
-        return 2 * params["omega"].shape[1]
-    if kind == "hedgehog":
-        return 2 * params["W"].shape[2]
-    if kind == "flex_n":
-        return 2 * params["omega1"].shape[1]
-    if kind == "performer":
-        return params["omega"].shape[1]
-    return d  # linear (the features are the inputs) and elu
+    if kind == USER_FEATURES:
+        return d
+    return _kind(kind).feature_size(params, d)
 
 
 def feature_backward(kind: str, x: np.ndarray, params: Params, df: np.ndarray, ds: np.ndarray) -> Params:
     """Gradients of the learnable parameters (``LEARNABLE[kind]``) given df (B,H,T,F) and
     ds (B,H,T), the gradients with respect to f and s at x."""
-    if kind == "flex_s":
-        omega = params["omega"]
-        m = omega.shape[1]
-        u = _proj(x, omega)
-        c = x.dtype.type(1.0 / np.sqrt(m))
-        du = c * (np.cos(u) * df[..., m:] - np.sin(u) * df[..., :m])
-        return {"omega": np.einsum("bhtm,bhtd->hmd", du, x)}
-    if kind == "flex_n":
-        m = params["omega1"].shape[1]
-        a, b = _proj(x, params["omega1"]), _proj(x, params["omega2"])
-        c = x.dtype.type(1.0 / np.sqrt(4.0 * m))
-        dfc, dfs = df[..., :m], df[..., m:]
-        da = c * (np.cos(a) * dfs - np.sin(a) * dfc)
-        db = c * (np.cos(b) * dfs - np.sin(b) * dfc)
-        s = (x * x).sum(-1) * np.exp(-np.asarray(params["tau"], dtype=x.dtype))[None, :, None]
-        return {"omega1": np.einsum("bhtm,bhtd->hmd", da, x), "omega2": np.einsum("bhtm,bhtd->hmd", db, x),
-                "tau": -(ds * s).sum(axis=(0, 2))}
-    if kind == "hedgehog":
-        f, _ = _hedgehog(x, params)
-        m = params["W"].shape[2]
-        dz = f * (df - (f * df).sum(-1, keepdims=True))
-        return {"W": np.einsum("bhtd,bhtm->hdm", x, dz[..., :m] - dz[..., m:])}
-    if kind in _FORWARD:
+    if kind == USER_FEATURES:
         return {}
-    raise ValueError(f"kind must be one of {', '.join(sorted(_FORWARD))}, got {kind!r}")
+    spec = _kind(kind)
+    return {} if spec.feature_grad is None else spec.feature_grad(x, params, df, ds)
+
+
+def __getattr__(name: str):
+    # PARAM_NAMES (kind -> parameter names) and LEARNABLE (kind -> the names feature_backward
+    # differentiates), derived from the registry when asked for (the import system probes
+    # other names such as __path__ here: those must not import anything)
+    if name not in ("PARAM_NAMES", "LEARNABLE"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .registry import attention_kinds, get_attention
+    if name == "PARAM_NAMES":
+        return {**{k: get_attention(k).params for k in attention_kinds()}, USER_FEATURES: ()}
+    if name == "LEARNABLE":
+        return {k: get_attention(k).learnable for k in attention_kinds()
+                if get_attention(k).feature_grad is not None and get_attention(k).learnable}

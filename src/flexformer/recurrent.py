@@ -32,16 +32,16 @@ from typing import Dict, Optional, Tuple, Union
 import numpy as np
 
 from . import attention as lin
-from . import softmax as sm
 from ._checks import check_real
-from .features import PARAM_NAMES as _PARAM_NAMES
-from .features import check_param_shapes, elu_plus_one, require_params
+from .features import USER_FEATURES, check_param_shapes, require_params
 from .features import features as _features
 from .features import num_features as _num_features
+from .registry import attention_kinds, get_attention
 
 Params = Dict[str, np.ndarray]
 
-RECURRENT_KINDS = ("elu", "flex_n", "flex_s", "hedgehog", "linear", "performer", "rfa", "softmax")
+#: the registry's kinds marked ``recurrent``, and "linear" (q and k are the features)
+RECURRENT_KINDS = tuple(sorted([k for k in attention_kinds() if get_attention(k).recurrent] + [USER_FEATURES]))
 _CHUNK = 64        # tokens per vectorised block when stepping several tokens at once
 _PREFILL_BLOCK = 4096  # keys per block when building the state after a parallel prefill
 
@@ -245,8 +245,8 @@ class RecurrentAttention:
     Parameters
     ----------
     kind : str
-        One of ``RECURRENT_KINDS``: the causal kinds of :mod:`flexformer.registry`
-        (flex_s, flex_n, rfa, performer, hedgehog, elu, softmax) or ``"linear"``, where
+        One of ``RECURRENT_KINDS``: the kinds of :mod:`flexformer.registry` marked
+        ``recurrent`` (softmax and every linear kind) or ``"linear"``, where
         q and k are the features themselves as in :func:`flexformer.linear_attention`.
     params : dict of ndarray, optional
         The kind's parameters (``get_attention(kind).init(...)``); none for linear, elu
@@ -262,28 +262,20 @@ class RecurrentAttention:
         params = {} if params is None else dict(params)
         require_params(kind, params)
         self.kind = kind
-        self.params = {n: np.asarray(params[n]) for n in _PARAM_NAMES[kind]}
+        spec = None if kind == USER_FEATURES else get_attention(kind)
+        self.params = {n: np.asarray(params[n]) for n in (spec.params if spec else ())}
+        self._kv_cache = spec is not None and spec.feature_map is None  # softmax: keys and values kept
         self.eps = check_real("eps", eps)
         if not (np.isfinite(self.eps) and self.eps > 0):
             raise ValueError(f"eps must be finite and > 0, got {eps}")
 
     # ------------------------------------------------------------------ helpers
     def _parallel(self, q, k, v, key_mask):
-        p = self.params
-        kw = dict(causal=True, key_mask=key_mask, eps=self.eps)
-        if self.kind in ("flex_s", "rfa"):
-            return lin.flex_s_attention(q, k, v, p["omega"], **kw)
-        if self.kind == "flex_n":
-            return lin.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"], **kw)
-        if self.kind == "performer":
-            return lin.performer_attention(q, k, v, p["omega"], **kw)
-        if self.kind == "hedgehog":
-            return lin.hedgehog_attention(q, k, v, p["W"], **kw)
-        if self.kind == "elu":
-            return lin.linear_attention(elu_plus_one(q), elu_plus_one(k), v, **kw)
-        if self.kind == "linear":
-            return lin.linear_attention(q, k, v, **kw)
-        return sm.softmax_attention(q, k, v, causal=True, key_mask=key_mask)
+        if self.kind == USER_FEATURES:
+            return lin.linear_attention(q, k, v, causal=True, key_mask=key_mask, eps=self.eps)
+        spec = get_attention(self.kind)
+        return spec.forward(q, k, v, self.params, causal=True, key_mask=key_mask,
+                            eps=self.eps if spec.key_state else None)
 
     def _check_inputs(self, q, k, v, key_mask, state: Optional[State] = None):
         arrays = []
@@ -319,7 +311,7 @@ class RecurrentAttention:
     def _check_state(self, state, q, v) -> None:
         B, H, _, d = q.shape
         e = v.shape[-1]
-        if self.kind == "softmax":
+        if self._kv_cache:
             if not isinstance(state, KVCacheState):
                 raise TypeError(f"state for softmax must be a KVCacheState, got {type(state).__name__}")
             want, got = (B, H, d, e), state._k.shape[:2] + (state._k.shape[3], state._v.shape[3])
@@ -340,7 +332,7 @@ class RecurrentAttention:
     def empty_state(self, batch: int, heads: int, head_dim: int, value_dim: int, dtype=np.float32) -> State:
         """A state that has seen no tokens, for inputs of head size ``head_dim`` (d) and
         values of size ``value_dim`` (e)."""
-        if self.kind == "softmax":
+        if self._kv_cache:
             return KVCacheState.empty(batch, heads, head_dim, value_dim, dtype)
         self._check_params(heads, head_dim)
         return LinearAttentionState.empty(batch, heads, _num_features(self.kind, self.params, head_dim),
@@ -355,7 +347,7 @@ class RecurrentAttention:
         out = self._parallel(q, k, v, key_mask)
         B, H, T, d = q.shape
         state = self.empty_state(B, H, d, v.shape[-1], q.dtype)
-        if self.kind == "softmax":
+        if self._kv_cache:
             state.append(k, v, np.ones((B, T), bool) if key_mask is None else key_mask)
             return out, state
         for lo in range(0, T, _PREFILL_BLOCK):
@@ -371,7 +363,7 @@ class RecurrentAttention:
         """Advance ``state`` in place by T >= 1 tokens (q, k: (B, H, T, d); v: (B, H, T, e));
         returns their outputs (B, H, T, e), row t seeing every earlier key and keys <= t."""
         q, k, v, key_mask = self._check_inputs(q, k, v, key_mask, state)
-        if self.kind == "softmax":
+        if self._kv_cache:
             return self._softmax_step(state, q, k, v, key_mask)
         outs = []
         for lo in range(0, q.shape[2], _CHUNK):

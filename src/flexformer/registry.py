@@ -9,6 +9,12 @@ Model layers switch attention by name::
 
 ``params`` is a dict of NumPy arrays; ``dparams`` holds the gradients of the learnable
 ones only (``kind.learnable``). ``flexformer.attention_kinds()`` lists the names.
+
+This is the one table of kinds: each entry says what its parameters are, which C kernel
+runs it, its feature map's NumPy and torch twins (:mod:`flexformer.features`), and whether
+it can run causally, be decoded recurrently and be distilled. Every other list of kinds
+(recurrent decoding, distillation, the torch bridge, the command line's defaults, the
+diagnostics) is derived from it. Adding a kind: docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import attention as lin
+from . import features as fm
 from . import init as initialisers
 from . import softmax as sm
 from .features import elu_plus_one, elu_plus_one_grad
@@ -40,6 +47,18 @@ class AttentionKind:
         Whether ``causal=True`` and ``key_mask`` are supported.
     complexity : str
         Time per (batch, head) in terms of N, d, e and the kind's own sizes.
+    kernel : str or None
+        The C kernel pair (``_C.<kernel>_forward`` / ``_backward``) a linear kind runs on,
+        parameters passed in ``params`` order; None for kinds with their own functions.
+    feature_map, feature_grad, feature_size, torch_feature_map : callable or None
+        The feature map's NumPy twin (x, params) -> (f, s), the gradient of its learnable
+        parameters (x, params, df, ds) -> dict, its size (params, d) -> F, and its torch
+        twin (torch, x, params) -> (f, s) (:mod:`flexformer.features`); None for the
+        kinds without a feature map (softmax, linformer).
+    recurrent : bool
+        Decodable token by token (:class:`flexformer.RecurrentAttention`).
+    distill : bool
+        Can be fitted to softmax attention rows (:mod:`flexformer.distill`).
     """
 
     name: str
@@ -50,12 +69,19 @@ class AttentionKind:
     masks: bool
     complexity: str
     _init: Callable = field(repr=False)
-    _forward: Callable = field(repr=False)
-    _backward: Callable = field(repr=False)
+    _forward: Optional[Callable] = field(default=None, repr=False)
+    _backward: Optional[Callable] = field(default=None, repr=False)
     #: the bidirectional forward can hand its key state to the backward (linear kinds)
     key_state: bool = False
     #: keyword options of :meth:`init` beyond the sizes (e.g. the trig kinds' ``scale``)
     init_options: Tuple[str, ...] = ()
+    kernel: Optional[str] = None
+    feature_map: Optional[Callable] = field(default=None, repr=False)
+    feature_grad: Optional[Callable] = field(default=None, repr=False)
+    feature_size: Optional[Callable] = field(default=None, repr=False)
+    torch_feature_map: Optional[Callable] = field(default=None, repr=False)
+    recurrent: bool = False
+    distill: bool = False
 
     def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
              max_len: Optional[int] = None, rng=None, dtype=np.float64, **options) -> Params:
@@ -86,6 +112,9 @@ class AttentionKind:
             if not self.key_state:
                 raise ValueError(f"{self.name}: only the linear kinds have a denominator guard to count")
             kw["return_guard_count"] = True
+        if self._forward is None:
+            return lin.kernel_attention(self.kernel, q, k, v, *(params[n] for n in self.params), causal=causal,
+                                        key_mask=key_mask, **kw)
         return self._forward(q, k, v, params, causal, key_mask, **kw)
 
     def backward(self, dout, q, k, v, params: Params, *, causal: bool = False, key_mask=None,
@@ -95,7 +124,12 @@ class AttentionKind:
         extra = self._eps_option(eps)
         if key_state is not None:
             extra["key_state"] = key_state
-        dq, dk, dv, *grads = self._backward(dout, q, k, v, params, causal, key_mask, **extra)
+        if self._backward is None:
+            dq, dk, dv, *grads = lin.kernel_attention_backward(self.kernel, dout, q, k, v,
+                                                               *(params[n] for n in self.params), causal=causal,
+                                                               key_mask=key_mask, **extra)
+        else:
+            dq, dk, dv, *grads = self._backward(dout, q, k, v, params, causal, key_mask, **extra)
         return dq, dk, dv, dict(zip(self.learnable, grads))
 
     def _eps_option(self, eps: Optional[float]) -> dict:
@@ -151,47 +185,46 @@ def _register(kind: AttentionKind) -> None:
     _KINDS[kind.name] = kind
 
 
+_FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.two_m, torch_feature_map=fm.flex_s_features_torch)
+_LINEAR_KIND = dict(causal=True, masks=True, key_state=True, recurrent=True)
+
 _register(AttentionKind(
     "softmax", "exact softmax attention (online softmax, O(N) memory)", (), (), True, True,
     "O(N^2 (d + e))",
     lambda H, d, m, L, rng, dt: {},
     lambda q, k, v, p, c, mk: sm.softmax_attention(q, k, v, causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: sm.softmax_attention_backward(do, q, k, v, causal=c, key_mask=mk)))
+    lambda do, q, k, v, p, c, mk: sm.softmax_attention_backward(do, q, k, v, causal=c, key_mask=mk),
+    recurrent=True))
 _register(AttentionKind(
     "flex_s", "Flexformer_s: stationary learnable random Fourier features", ("omega",), ("omega",),
-    True, True, "O(N m (d + e))", _flex_s_init,
-    lambda q, k, v, p, c, mk, **kw: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
-    lambda do, q, k, v, p, c, mk, **kw: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
-                                                                       key_mask=mk, **kw), key_state=True,
-    init_options=("scale",)))
+    complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),
+    feature_grad=fm.flex_s_features_grad, distill=True, **_FLEX_S, **_LINEAR_KIND))
 _register(AttentionKind(
     "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale",
-    ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), True, True, "O(N m (d + e))", _flex_n_init,
-    lambda q, k, v, p, c, mk, **kw: lin.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"],
-                                                         causal=c, key_mask=mk, **kw),
-    lambda do, q, k, v, p, c, mk, **kw: lin.flex_n_attention_backward(do, q, k, v, p["omega1"], p["omega2"],
-                                                                      p["tau"], causal=c, key_mask=mk, **kw),
-    key_state=True, init_options=("scale", "spread", "match_tau", "symmetric")))
+    ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), complexity="O(N m (d + e))", _init=_flex_n_init,
+    kernel="flex_n", init_options=("scale", "spread", "match_tau", "symmetric"),
+    feature_map=fm.flex_n_features, feature_grad=fm.flex_n_features_grad, feature_size=fm.two_m,
+    torch_feature_map=fm.flex_n_features_torch, distill=True, **_LINEAR_KIND))
 _register(AttentionKind(
     "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)",
-    ("omega",), (), True, True, "O(N m (d + e))", _flex_s_init,
-    lambda q, k, v, p, c, mk, **kw: lin.flex_s_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
-    lambda do, q, k, v, p, c, mk, **kw: lin.flex_s_attention_backward(do, q, k, v, p["omega"], causal=c,
-                                                                      key_mask=mk, **kw)[:3], key_state=True,
-    init_options=("scale",)))
+    ("omega",), (), complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),
+    distill=True, **_FLEX_S, **_LINEAR_KIND))
 _register(AttentionKind(
-    "performer", "Performer FAVOR+: fixed positive random features", ("omega",), (), True, True,
-    "O(N m (d + e))",
-    lambda H, d, m, L, rng, dt: {"omega": initialisers.performer_omega(H, _m(d, m), d, rng=rng, dtype=dt)},
-    lambda q, k, v, p, c, mk, **kw: lin.performer_attention(q, k, v, p["omega"], causal=c, key_mask=mk, **kw),
-    lambda do, q, k, v, p, c, mk, **kw: lin.performer_attention_backward(do, q, k, v, p["omega"], causal=c,
-                                                                         key_mask=mk, **kw), key_state=True))
+    "performer", "Performer FAVOR+: fixed positive random features", ("omega",), (),
+    complexity="O(N m (d + e))",
+    _init=lambda H, d, m, L, rng, dt: {"omega": initialisers.performer_omega(H, _m(d, m), d, rng=rng, dtype=dt)},
+    kernel="performer", feature_map=fm.performer_features, feature_size=lambda p, d: p["omega"].shape[1],
+    torch_feature_map=fm.performer_features_torch, distill=True, **_LINEAR_KIND))
 _register(AttentionKind(
-    "hedgehog", "Hedgehog: learnable softmax feature map", ("W",), ("W",), True, True, "O(N m (d + e))",
-    lambda H, d, m, L, rng, dt: {"W": initialisers.hedgehog_weights(H, d, m, rng=rng, dtype=dt)},
-    lambda q, k, v, p, c, mk, **kw: lin.hedgehog_attention(q, k, v, p["W"], causal=c, key_mask=mk, **kw),
-    lambda do, q, k, v, p, c, mk, **kw: lin.hedgehog_attention_backward(do, q, k, v, p["W"], causal=c,
-                                                                        key_mask=mk, **kw), key_state=True))
+    "hedgehog", "Hedgehog: learnable softmax feature map", ("W",), ("W",), complexity="O(N m (d + e))",
+    _init=lambda H, d, m, L, rng, dt: {"W": initialisers.hedgehog_weights(H, d, m, rng=rng, dtype=dt)},
+    kernel="hedgehog", feature_map=fm.hedgehog_features, feature_grad=fm.hedgehog_features_grad,
+    feature_size=fm.hedgehog_size, torch_feature_map=fm.hedgehog_features_torch, distill=True, **_LINEAR_KIND))
+_register(AttentionKind(
+    "taylor", "Based: second-order Taylor features of exp(q.k / sqrt d), 1 + t + t^2/2 (F = 1 + d + d^2)",
+    (), (), complexity="O(N d^2 e)", _init=lambda H, d, m, L, rng, dt: {}, kernel="taylor",
+    feature_map=fm.taylor_features, feature_size=fm.taylor_size, torch_feature_map=fm.taylor_features_torch,
+    distill=True, **_LINEAR_KIND))
 _register(AttentionKind(
     "linformer", "Linformer: keys and values projected along the sequence to kp rows", ("E", "F"),
     ("E", "F"), False, True, "O(N kp (d + e))", _linformer_init,
@@ -199,8 +232,10 @@ _register(AttentionKind(
     lambda do, q, k, v, p, c, mk: sm.linformer_attention_backward(do, q, k, v, p["E"], p["F"], causal=c,
                                                                   key_mask=mk)))
 _register(AttentionKind(
-    "elu", "linear attention with elu(x) + 1 features (the generic core)", (), (), True, True,
-    "O(N d e)", lambda H, d, m, L, rng, dt: {}, _elu_forward, _elu_backward, key_state=True))
+    "elu", "linear attention with elu(x) + 1 features (the generic core)", (), (), complexity="O(N d e)",
+    _init=lambda H, d, m, L, rng, dt: {}, _forward=_elu_forward, _backward=_elu_backward,
+    feature_map=fm.elu_features, feature_size=fm.input_size, torch_feature_map=fm.elu_features_torch,
+    **_LINEAR_KIND))
 
 
 def attention_kinds() -> List[str]:

@@ -18,7 +18,7 @@ Hedgehog) never reach the floor in practice.
 
 Public: :func:`distill_loss` (loss, per-head losses and analytic gradients),
 :func:`attention_rows` (student rows b), :func:`teacher_rows` (softmax rows a),
-:func:`fit_kernels` (Adam, progress, early stop on a held-out split) and :class:`FitResult`.
+:func:`fit_kernels` (AdamW of :mod:`flexformer.training.optim`, progress, early stop on a held-out split) and :class:`FitResult`.
 """
 from __future__ import annotations
 
@@ -29,10 +29,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..features import LEARNABLE, PARAM_NAMES, check_param_shapes, feature_backward, features, require_params
+from ..features import check_param_shapes, feature_backward, features, require_params
+from ..nn.core import Parameter
+from ..registry import attention_kinds, get_attention
+from ..training.optim import AdamW
 
 Params = Dict[str, np.ndarray]
-DISTILL_KINDS = ("flex_n", "flex_s", "hedgehog", "performer", "rfa")
+#: the registry's kinds marked ``distill``
+DISTILL_KINDS = tuple(k for k in attention_kinds() if get_attention(k).distill)
 DEFAULT_FLOOR = 1e-6
 
 
@@ -54,7 +58,7 @@ def _check(kind: str, q, k, key_mask, params):
     if key_mask.dtype != np.bool_ or key_mask.shape != (S, N):
         raise ValueError(f"key_mask must be a bool array (S, N) = {(S, N)}, got {key_mask.dtype} {key_mask.shape}")
     require_params(kind, params)
-    params = {n: np.asarray(params[n], dtype=q.dtype) for n in PARAM_NAMES[kind]}
+    params = {n: np.asarray(params[n], dtype=q.dtype) for n in get_attention(kind).params}
     check_param_shapes(params, H, d)
     for n, x in params.items():
         if not np.isfinite(x).all():
@@ -126,8 +130,8 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
     per_head : ndarray (H,)
         Each head's mean row cross-entropy.
     grads : dict
-        d loss / d parameter for ``LEARNABLE[kind]`` (empty for performer, rfa, or
-        when ``grad`` is False), in the input dtype.
+        d loss / d parameter for the kind's learnable parameters (empty for performer,
+        rfa, taylor, or when ``grad`` is False), in the input dtype.
     """
     q, k, key_mask, params = _check(kind, q, k, key_mask, params)
     S, H, N, _ = q.shape
@@ -141,7 +145,8 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
     per_head = np.where(rows, ce, 0).sum(axis=(0, 2)) / nrows
     loss = float(per_head.mean())
     grads: Params = {}
-    if grad and kind in LEARNABLE:
+    learnable = get_attention(kind).learnable
+    if grad and learnable:
         b = np.exp(logb)
         G = np.where(rows[..., None] & key_mask[:, None, None, :], b - a, 0) / q.dtype.type(nrows * H)
         Gdot = np.where(dot > floor, G / clipped, 0).astype(q.dtype)      # through log max(dot, floor)
@@ -150,7 +155,7 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
         dsk = G.sum(-2).astype(q.dtype)
         gq = feature_backward(kind, q, params, dfq, np.zeros(q.shape[:-1], q.dtype))
         gk = feature_backward(kind, k, params, dfk, dsk)
-        grads = {n: (gq[n] + gk[n]).astype(q.dtype) for n in LEARNABLE[kind]}
+        grads = {n: (gq[n] + gk[n]).astype(q.dtype) for n in learnable}
     return loss, per_head, grads
 
 
@@ -212,7 +217,8 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
                 steps: int = 500, lr: float = 1e-2, batch_size: int = 32, eval_every: int = 25,
                 patience: int = 4, min_delta: float = 1e-4, floor: float = DEFAULT_FLOOR, seed: int = 0, progress: bool = False,
                 log: Optional[Callable[[str], None]] = None) -> FitResult:
-    """Fit one kernel per head by distillation with Adam; keep each head's best parameters.
+    """Fit one kernel per head by distillation with Adam (the training loop's AdamW, no weight
+    decay); keep each head's best parameters.
 
     Parameters
     ----------
@@ -247,12 +253,14 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     best = {n: v.copy() for n, v in params.items()}
     best_val = evaluate(kind, vq, vk, vm, params, floor=floor)
     result = FitResult(best, best_val.copy(), 0, False, [best_val.copy()], [])
-    learn = LEARNABLE.get(kind, ())
+    learn = get_attention(kind).learnable
     if not learn or steps == 0:
         return result
     rng = np.random.default_rng(seed)
-    m1 = {n: np.zeros_like(params[n]) for n in learn}
-    m2 = {n: np.zeros_like(params[n]) for n in learn}
+    # the training loop's optimiser, without weight decay (the loss alone shapes the kernel)
+    trained = {n: Parameter(params[n], kind="kernel") for n in learn}
+    params.update({n: p.value for n, p in trained.items()})  # updated in place by the optimiser
+    opt = AdamW(list(trained.items()), lr=lr, weight_decay=0.0)
     stale, recent = 0, []
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
@@ -260,11 +268,8 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
         loss, per_head, grads = _batch_loss(kind, (tq, tk, tm), idx, params, floor)
         recent.append(per_head)
         for n in learn:
-            g = grads[n]
-            m1[n] = 0.9 * m1[n] + 0.1 * g
-            m2[n] = 0.999 * m2[n] + 0.001 * g * g
-            update = (m1[n] / (1 - 0.9 ** step)) / (np.sqrt(m2[n] / (1 - 0.999 ** step)) + 1e-8)
-            params[n] = (params[n] - lr * update).astype(tq.dtype)
+            trained[n].grad[...] = grads[n]
+        opt.step(lr)
         if step % eval_every == 0 or step == steps:
             cur = evaluate(kind, vq, vk, vm, params, floor=floor)
             best_before = best_val.copy()

@@ -22,10 +22,10 @@ import numpy as np
 
 from .. import get_attention
 from ..diagnostics import parameter_summary
-from . import evaluate, fit_kernels, teacher_entropy
+from . import DISTILL_KINDS, evaluate, fit_kernels, teacher_entropy
 from .bert import encode, kernel_attention_fn, read_sentences, sentence_embeddings, tokenize
 
-DEFAULT_KINDS = ("flex_n", "flex_s", "hedgehog", "performer", "rfa")
+DEFAULT_KINDS = DISTILL_KINDS  # every kind the registry marks distillable
 
 
 def _say(msg: str) -> None:

@@ -69,33 +69,9 @@ class _KernelFunction(torch.autograd.Function):
 # -------------------------------------------------------------- the torch path
 
 def _features(kind: str, x: Tensor, p: Dict[str, Tensor]):
-    """(f, s) with phi(x) = exp(s) f, |f| <= 1, as csrc/featmap_*.inc."""
-    d = x.shape[-1]
-    if kind in ("flex_s", "rfa"):
-        u = torch.einsum("bhnd,hmd->bhnm", x, p["omega"])
-        f = torch.cat([u.cos(), u.sin()], -1) / math.sqrt(p["omega"].shape[1])
-        return f, (x * x).sum(-1) / (2.0 * math.sqrt(d))
-    if kind == "flex_n":
-        a = torch.einsum("bhnd,hmd->bhnm", x, p["omega1"])
-        b = torch.einsum("bhnd,hmd->bhnm", x, p["omega2"])
-        f = torch.cat([a.cos() + b.cos(), a.sin() + b.sin()], -1) / math.sqrt(4.0 * p["omega1"].shape[1])
-        return f, (x * x).sum(-1) * torch.exp(-p["tau"])[None, :, None]
-    if kind == "performer":
-        xs = x * d ** -0.25
-        u = torch.einsum("bhnd,hmd->bhnm", xs, p["omega"])
-        c = u.amax(-1)
-        f = torch.exp(u - c.unsqueeze(-1)) / math.sqrt(p["omega"].shape[1])
-        return f, c - 0.5 * (xs * xs).sum(-1)
-    if kind == "hedgehog":
-        u = torch.einsum("bhnd,hdm->bhnm", x, p["W"])
-        return torch.softmax(torch.cat([u, -u], -1), -1), torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
-    if kind == "elu":
-        x = torch.nn.functional.elu(x) + 1
-    # generic core: phi = |phi| (phi / |phi|)
-    norm = torch.linalg.vector_norm(x, dim=-1)
-    safe = torch.where(norm > 0, norm, torch.ones_like(norm))
-    f = torch.where((norm > 0).unsqueeze(-1), x / safe.unsqueeze(-1), torch.zeros_like(x))
-    return f, torch.where(norm > 0, safe.log(), torch.full_like(norm, -math.inf))
+    """(f, s) with phi(x) = exp(s) f, |f| <= 1, as csrc/featmap_*.inc: the kind's torch twin
+    from the registry (:mod:`flexformer.features`)."""
+    return get_attention(kind).torch_feature_map(torch, x, p)
 
 
 def _finite_or_zero(m: Tensor) -> Tensor:
