@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import flexformer as ff
-from flexformer import diagnostics, distill, features, reference
+from flexformer import diagnostics, distill, reference
+from flexformer.registry import features
 from flexformer.nn import EncoderClassifier
 from flexformer.training import TrainConfig, checkpoint, load_model, train
 
@@ -51,8 +52,8 @@ def test_symmetric_start_is_the_old_unbiased_estimate():
 
 
 def _kernel_matrix(kind, q, k, params):
-    fq, sq = features.features(kind, q, params)
-    fk, sk = features.features(kind, k, params)
+    fq, sq = features(kind, q, params)
+    fk, sk = features(kind, k, params)
     return np.exp(sq[..., :, None] + sk[..., None, :]) * np.einsum("bhif,bhjf->bhij", fq, fk)
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import flexformer as ff
-from flexformer.features import features
+from flexformer.registry import features
 
 from conftest import make_inputs, random_mask
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import flexformer as ff
-from flexformer.features import features, num_features
+from flexformer.registry import features, num_features
 
 KIND = ff.get_attention("taylor")
 

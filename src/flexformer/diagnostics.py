@@ -23,8 +23,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .attention import DEFAULT_EPS
-from .features import features
-from .registry import attention_kinds, get_attention
+from .registry import attention_kinds, features, get_attention
 
 #: kinds whose rows the NumPy feature twins can rebuild (the registry's kinds with a feature map)
 KERNEL_KINDS = tuple(k for k in attention_kinds() if get_attention(k).feature_map is not None)

@@ -9,27 +9,18 @@ matches the kernels. The torch twins take the ``torch`` module as their first ar
 this module never imports torch.
 
 Which kind uses which function is recorded in the registry (:mod:`flexformer.registry`,
-fields ``feature_map``, ``feature_grad``, ``feature_size``, ``torch_feature_map``); the
-functions at the end of this module (:func:`features`, :func:`num_features`,
-:func:`feature_backward`, ``PARAM_NAMES``, ``LEARNABLE``) look kinds up there. ``"linear"``
-(the user's own features, normalised) is the one map that is not an attention kind.
+fields ``feature_map``, ``feature_grad``, ``feature_size``, ``torch_feature_map``), which
+also looks them up by kind name (:func:`flexformer.registry.features`,
+``num_features``, ``feature_backward``). This module knows no kind names.
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, Tuple
+from typing import Dict
 
 import numpy as np
 
 Params = Dict[str, np.ndarray]
-
-
-def require_params(kind: str, params) -> None:
-    """ValueError naming what is missing unless ``params`` has every name ``kind`` needs."""
-    names = _param_names(kind)
-    missing = [n for n in names if n not in params]
-    if missing:
-        raise ValueError(f"params for {kind} need {', '.join(names)}; missing {', '.join(missing)}")
 
 
 def check_param_shapes(params: Params, H: int, d: int) -> None:
@@ -220,65 +211,3 @@ def elu_features_torch(torch, x, p):
 def input_size(p, d):
     """F = d: the features are (a function of) the inputs themselves."""
     return d
-
-
-# ----------------------------------------------------------------- lookup through the registry
-
-#: the user's own features (recurrent decoding and the generic core): not an attention kind
-USER_FEATURES = "linear"
-
-
-def _kind(kind: str, what: str = "a feature map"):
-    from .registry import attention_kinds, get_attention  # the registry imports this module
-    if kind in attention_kinds():
-        spec = get_attention(kind)
-        if spec.feature_map is not None:
-            return spec
-    choices = sorted([k for k in attention_kinds() if get_attention(k).feature_map is not None] + [USER_FEATURES])
-    raise ValueError(f"kind must be one of {', '.join(choices)} (the kinds with {what}), got {kind!r}")
-
-
-def _param_names(kind: str) -> Tuple[str, ...]:
-    from .registry import attention_kinds, get_attention
-    if kind == USER_FEATURES:
-        return ()
-    if kind not in attention_kinds():
-        raise ValueError(f"unknown attention kind {kind!r}; choose one of: {', '.join(attention_kinds())}")
-    return get_attention(kind).params
-
-
-def features(kind: str, x: np.ndarray, params: Params) -> Tuple[np.ndarray, np.ndarray]:
-    """(f, s) of ``kind`` for x (B, H, T, d): phi(x) = exp(s) f."""
-    if kind == USER_FEATURES:
-        return normalised(x)
-    return _kind(kind).feature_map(x, params)
-
-
-def num_features(kind: str, params: Params, d: int) -> int:
-    """F, the length of f for this kind and parameters."""
-    if kind == USER_FEATURES:
-        return d
-    return _kind(kind).feature_size(params, d)
-
-
-def feature_backward(kind: str, x: np.ndarray, params: Params, df: np.ndarray, ds: np.ndarray) -> Params:
-    """Gradients of the learnable parameters (``LEARNABLE[kind]``) given df (B,H,T,F) and
-    ds (B,H,T), the gradients with respect to f and s at x."""
-    if kind == USER_FEATURES:
-        return {}
-    spec = _kind(kind)
-    return {} if spec.feature_grad is None else spec.feature_grad(x, params, df, ds)
-
-
-def __getattr__(name: str):
-    # PARAM_NAMES (kind -> parameter names) and LEARNABLE (kind -> the names feature_backward
-    # differentiates), derived from the registry when asked for (the import system probes
-    # other names such as __path__ here: those must not import anything)
-    if name not in ("PARAM_NAMES", "LEARNABLE"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from .registry import attention_kinds, get_attention
-    if name == "PARAM_NAMES":
-        return {**{k: get_attention(k).params for k in attention_kinds()}, USER_FEATURES: ()}
-    if name == "LEARNABLE":
-        return {k: get_attention(k).learnable for k in attention_kinds()
-                if get_attention(k).feature_grad is not None and get_attention(k).learnable}

@@ -33,10 +33,10 @@ import numpy as np
 
 from . import attention as lin
 from ._checks import check_real
-from .features import USER_FEATURES, check_param_shapes, require_params
-from .features import features as _features
-from .features import num_features as _num_features
-from .registry import attention_kinds, get_attention
+from .features import check_param_shapes
+from .registry import USER_FEATURES, attention_kinds, get_attention, require_params
+from .registry import features as _features
+from .registry import num_features as _num_features
 
 Params = Dict[str, np.ndarray]
 

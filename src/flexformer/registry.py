@@ -27,7 +27,7 @@ from . import attention as lin
 from . import features as fm
 from . import init as initialisers
 from . import softmax as sm
-from .features import elu_plus_one, elu_plus_one_grad
+from .features import elu_plus_one, elu_plus_one_grad, normalised
 
 Params = Dict[str, np.ndarray]
 
@@ -249,3 +249,47 @@ def get_attention(name: str) -> AttentionKind:
         return _KINDS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown attention kind {name!r}; choose one of: {', '.join(attention_kinds())}") from None
+
+
+# ------------------------------------------------------------- feature maps by kind name
+
+#: the user's own features (recurrent decoding and the generic core): not an attention kind
+USER_FEATURES = "linear"
+
+
+def _with_features(kind: str) -> AttentionKind:
+    spec = _KINDS.get(kind) if isinstance(kind, str) else None
+    if spec is None or spec.feature_map is None:
+        choices = sorted([k for k, s in _KINDS.items() if s.feature_map is not None] + [USER_FEATURES])
+        raise ValueError(f"kind must be one of {', '.join(choices)} (the kinds with a feature map), got {kind!r}")
+    return spec
+
+
+def require_params(kind: str, params) -> None:
+    """ValueError naming what is missing unless ``params`` has every name ``kind`` needs."""
+    names = () if kind == USER_FEATURES else get_attention(kind).params
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise ValueError(f"params for {kind} need {', '.join(names)}; missing {', '.join(missing)}")
+
+
+def features(kind: str, x: np.ndarray, params: Params) -> Tuple[np.ndarray, np.ndarray]:
+    """(f, s) of ``kind``'s feature map for x (B, H, T, d): phi(x) = exp(s) f (NumPy twin of
+    the C map); ``"linear"``: x itself, normalised."""
+    if kind == USER_FEATURES:
+        return normalised(x)
+    return _with_features(kind).feature_map(x, params)
+
+
+def num_features(kind: str, params: Params, d: int) -> int:
+    """F, the length of f for this kind and parameters."""
+    return d if kind == USER_FEATURES else _with_features(kind).feature_size(params, d)
+
+
+def feature_backward(kind: str, x: np.ndarray, params: Params, df: np.ndarray, ds: np.ndarray) -> Params:
+    """Gradients of the kind's learnable parameters given df (B,H,T,F) and ds (B,H,T), the
+    gradients with respect to f and s at x (empty for kinds without learnable ones)."""
+    if kind == USER_FEATURES:
+        return {}
+    spec = _with_features(kind)
+    return {} if spec.feature_grad is None else spec.feature_grad(x, params, df, ds)

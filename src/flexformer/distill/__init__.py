@@ -29,9 +29,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..features import check_param_shapes, feature_backward, features, require_params
+from ..features import check_param_shapes
 from ..nn.core import Parameter
-from ..registry import attention_kinds, get_attention
+from ..registry import attention_kinds, feature_backward, features, get_attention, require_params
 from ..training.optim import AdamW
 
 Params = Dict[str, np.ndarray]

@@ -22,8 +22,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import attention as _lin
-from ..features import require_params
-from ..registry import get_attention
+from ..registry import get_attention, require_params
 
 EPS = _lin.DEFAULT_EPS
 CHUNK = 64
@@ -70,7 +69,7 @@ class _KernelFunction(torch.autograd.Function):
 
 def _features(kind: str, x: Tensor, p: Dict[str, Tensor]):
     """(f, s) with phi(x) = exp(s) f, |f| <= 1, as csrc/featmap_*.inc: the kind's torch twin
-    from the registry (:mod:`flexformer.features`)."""
+    from the registry (:mod:`flexformer.features` holds them)."""
     return get_attention(kind).torch_feature_map(torch, x, p)
 
 
