@@ -983,33 +983,38 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(n > 0 && ff_openmp_enabled() ? n : ff_max_threads());
 }
 
+/* A memory budget given in MiB (0 to 1048576) as bytes; -1 with ValueError otherwise. */
+static int mib_to_bytes(PyObject *arg, size_t *bytes)
+{
+    const double mib = PyFloat_AsDouble(arg);
+    if (mib == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!(mib >= 0) || !(mib <= 1048576)) {
+        PyErr_Format(PyExc_ValueError, "mib must be a number from 0 to 1048576, got %R", arg);
+        return -1;
+    }
+    const double b = mib * 1048576.0;
+    *bytes = b >= (double)SIZE_MAX ? SIZE_MAX : (size_t)b;
+    return 0;
+}
+
 static PyObject *py_set_buffer_cache(PyObject *self, PyObject *arg)
 {
     (void)self;
-    const double mib = PyFloat_AsDouble(arg);
-    if (mib == -1.0 && PyErr_Occurred())
+    size_t bytes;
+    if (mib_to_bytes(arg, &bytes) < 0)
         return NULL;
-    if (!(mib >= 0) || !(mib <= 1048576)) {
-        PyErr_Format(PyExc_ValueError, "mib must be a number from 0 to 1048576, got %R", arg);
-        return NULL;
-    }
-    const double bytes = mib * 1048576.0;
-    ff_buffer_cache_set_limit(bytes >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes);
+    ff_buffer_cache_set_limit(bytes);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_set_causal_cache(PyObject *self, PyObject *arg)
 {
     (void)self;
-    const double mib = PyFloat_AsDouble(arg);
-    if (mib == -1.0 && PyErr_Occurred())
+    size_t bytes;
+    if (mib_to_bytes(arg, &bytes) < 0)
         return NULL;
-    if (!(mib >= 0) || !(mib <= 1048576)) {
-        PyErr_Format(PyExc_ValueError, "mib must be a number from 0 to 1048576, got %R", arg);
-        return NULL;
-    }
-    const double bytes = mib * 1048576.0;
-    ff_set_causal_cache_bytes(bytes >= (double)SIZE_MAX ? SIZE_MAX : (size_t)bytes);
+    ff_set_causal_cache_bytes(bytes);
     Py_RETURN_NONE;
 }
 

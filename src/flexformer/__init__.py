@@ -64,18 +64,16 @@ def set_buffer_cache(mib: float) -> None:
     _C.set_buffer_cache(float(mib))  # the range (0 to 1048576) is checked there
 
 
-def _buffer_cache_from_environment() -> None:
-    """FLEXFORMER_BUFFER_CACHE_MIB, when set, bounds the cache from import on (0: off, e.g.
-    under AddressSanitizer, which cannot see inside reused blocks)."""
-    value = os.environ.get("FLEXFORMER_BUFFER_CACHE_MIB", "").strip()
+def _budget_from_environment(variable: str, setter) -> None:
+    """``variable`` (FLEXFORMER_BUFFER_CACHE_MIB, FLEXFORMER_CAUSAL_CACHE_MIB), when set,
+    sets its budget once, at import (0: off, e.g. the block cache under AddressSanitizer,
+    which cannot see inside reused blocks)."""
+    value = os.environ.get(variable, "").strip()
     if value:
         try:
-            set_buffer_cache(float(value))
+            setter(float(value))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"FLEXFORMER_BUFFER_CACHE_MIB={value!r}: {exc}") from None
-
-
-_buffer_cache_from_environment()
+            raise ValueError(f"{variable}={value!r}: {exc}") from None
 
 
 def set_causal_cache(mib: float) -> None:
@@ -93,16 +91,8 @@ def causal_cache_limit() -> int:
     return int(_C.causal_cache_limit())
 
 
-def _causal_cache_from_environment() -> None:
-    value = os.environ.get("FLEXFORMER_CAUSAL_CACHE_MIB", "").strip()
-    if value:
-        try:
-            set_causal_cache(float(value))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"FLEXFORMER_CAUSAL_CACHE_MIB={value!r}: {exc}") from None
-
-
-_causal_cache_from_environment()
+_budget_from_environment("FLEXFORMER_BUFFER_CACHE_MIB", set_buffer_cache)
+_budget_from_environment("FLEXFORMER_CAUSAL_CACHE_MIB", set_causal_cache)
 
 
 def buffer_cache_info() -> dict:
