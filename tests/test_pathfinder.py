@@ -36,7 +36,7 @@ def dots_joined(image: np.ndarray, reach: int) -> bool:
 
 
 @pytest.mark.parametrize("size,kw", [(16, {}), (32, {}), (32, {"gap": 2, "distractors": 3}),
-                                     (24, {"curve_length": 16, "dash": 1})])
+                                     (24, {"curve_length": 12, "dash": 1})])
 def test_labels_agree_with_an_independent_connectivity_test(size, kw):
     pf = Pathfinder(size, **kw)
     labels = []
@@ -76,7 +76,7 @@ def test_images_carry_the_same_number_of_curves_in_both_classes():
     assert abs(np.mean(grey[0]) - np.mean(grey[1])) < 0.15 * np.mean(grey[1])
 
 
-@pytest.mark.parametrize("kw,match", [({"size": 8}, "size must be an int >= 12"),
+@pytest.mark.parametrize("kw,match", [({"size": 8}, "size must be an int >= 16"),
                                       ({"curve_length": 1}, "curve_length must be an int >= 2"),
                                       ({"curve_length": 1000}, "curve_length must be at most"),
                                       ({"distractors": -1}, "distractors must be an int >= 0"),

@@ -90,7 +90,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", type=int, default=None, help="m for feature-map kinds, kp for linformer")
     p.add_argument("--linformer-sharing", default=d.linformer_sharing,
                    help="none, headwise, key-value or layerwise (default none)")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"sequence length (default {d.seq_len})")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"sequence length (default {d.seq_len}); "
+                   "pathfinder: the image's pixels, 256 (16 x 16) or 1024 (32 x 32)")
     p.add_argument("--positional", default=d.positional, help="learned (default) or sinusoidal positions "
                    "(sinusoidal ones extend past --seq-len when generating)")
     p.add_argument("--steps", type=int, default=None,
@@ -101,7 +102,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=0, help="kernel threads (default: OpenMP's)")
-    p.add_argument("--data-dir", default=None, help="data folder (fmnist, text-lm, text-cls)")
+    p.add_argument("--data-dir", default=None, help="data folder (fmnist, text-lm, text-cls, retrieval)")
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     kernel_init_args(p)

@@ -1,6 +1,8 @@
-"""Data for the training loop: generated ListOps, Fashion-MNIST pixels, plain text."""
+"""Data for the training loop: generated ListOps and Pathfinder, Fashion-MNIST pixels, plain
+text (language modelling, classification, retrieval)."""
 from .fmnist import FashionMNIST
 from .listops import ListOps
-from .text import TextClassification, TextLM
+from .pathfinder import Pathfinder
+from .text import TextClassification, TextLM, TextRetrieval
 
-__all__ = ["FashionMNIST", "ListOps", "TextClassification", "TextLM"]
+__all__ = ["FashionMNIST", "ListOps", "Pathfinder", "TextClassification", "TextLM", "TextRetrieval"]

@@ -39,7 +39,7 @@ class Pathfinder:
     Parameters
     ----------
     size : int
-        Image side (>= 12): 32 is LRA's Pathfinder-32, 16 a quick version.
+        Image side (>= 16): 32 is LRA's Pathfinder-32, 16 a quick version.
     curve_length : int, optional
         Unit steps per curve (default ``size // 2``).
     distractors : int, optional
@@ -59,7 +59,7 @@ class Pathfinder:
     def __init__(self, size: int = 32, *, curve_length: Optional[int] = None, distractors: Optional[int] = None,
                  dash: int = 2, gap: int = 1, turn: float = 0.25, train_examples: int = 32768,
                  test_examples: int = 2048):
-        self.size = _check_int("size", size, 12)
+        self.size = _check_int("size", size, 16)
         self.curve_length = _check_int("curve_length", size // 2 if curve_length is None else curve_length, 2)
         if self.curve_length > 4 * self.size:
             raise ValueError(f"curve_length must be at most 4 x size = {4 * self.size}, got {curve_length}")

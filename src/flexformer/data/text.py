@@ -83,3 +83,35 @@ class TextClassification:
         ids = np.stack([parts[c][s: s + self.seq_len] for c, s in
                         ((c, rng.integers(len(parts[c]) - self.seq_len)) for c in labels)]).astype(np.int64)
         return ids, np.ones(ids.shape, bool), labels.astype(np.int64)
+
+
+class TextRetrieval:
+    """Pairs of byte windows: do they come from the same file? (The Long Range Arena
+    retrieval task asks whether two documents are related; here two windows of
+    ``seq_len`` bytes are related when one book holds both.) Half the pairs share a book.
+    As in :class:`TextClassification` the last ``holdout`` fraction of every file is kept
+    for evaluation, so no evaluation window overlaps training."""
+
+    vocab_size = 256
+    num_classes = 2
+
+    def __init__(self, folder: str, seq_len: int = 512, holdout: float = 0.1):
+        self._books = TextClassification(folder, seq_len, holdout)
+        self.seq_len = seq_len
+
+    def _window(self, rng: np.random.Generator, part: np.ndarray) -> np.ndarray:
+        start = rng.integers(len(part) - self.seq_len)
+        return part[start: start + self.seq_len]
+
+    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
+        """(ids (B, 2, N) int64, mask (B, 2, N) all True, labels (B,)): label 1 when the two
+        windows of a pair come from one book."""
+        parts = self._books.train if split == "train" else self._books.test
+        n = len(parts)
+        labels = rng.integers(2, size=batch_size)
+        first = rng.integers(n, size=batch_size)
+        other = (first + rng.integers(1, n, size=batch_size)) % n  # a different book, uniformly
+        second = np.where(labels == 1, first, other)
+        ids = np.stack([np.stack([self._window(rng, parts[a]), self._window(rng, parts[b])])
+                        for a, b in zip(first, second)]).astype(np.int64)
+        return ids, np.ones(ids.shape, bool), labels.astype(np.int64)

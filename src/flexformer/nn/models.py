@@ -9,7 +9,7 @@ import numpy as np
 from ..init import RngLike, as_generator
 from ..recurrent import State
 from .attention import Block
-from .core import Embedding, LayerNorm, Linear, Module, Parameter, PositionalEncoding
+from .core import GELU, Embedding, LayerNorm, Linear, Module, Parameter, PositionalEncoding
 
 
 class _Backbone(Module):
@@ -126,6 +126,52 @@ class EncoderClassifier(Module):
 
     def backward(self, dlogits: np.ndarray) -> None:
         dpooled = self.head.backward(dlogits)
+        self.backbone.backward(dpooled[:, None, :] * self._w[..., None])
+
+
+class TwoTowerClassifier(Module):
+    """Pairs of token sequences (B, 2, N) -> logits (B, C), as in the Long Range Arena's
+    retrieval task: one encoder (shared weights; :class:`EncoderClassifier`'s backbone,
+    mean-pooled over unmasked positions) gives u and v for the two sequences, and
+    [u, v, u * v, u - v] goes through Linear(4 dim, dim), GELU and Linear(dim, C).
+    The keyword arguments are :class:`EncoderClassifier`'s."""
+
+    def __init__(self, vocab: int, num_classes: int = 2, *, dim: int = 64, depth: int = 2, heads: int = 4,
+                 max_len: int = 512, attention: str = "flex_n", positional: str = "learned",
+                 mlp_ratio: int = 4, num_features: Optional[int] = None, linformer_sharing: str = "none",
+                 kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
+                 qk_norm: bool = False, learn_scale: bool = False, rng: RngLike = 0, dtype=np.float32):
+        super().__init__()
+        gen = as_generator(rng)
+        self.backbone = self.add_child("backbone", _Backbone(
+            vocab, dim, depth, heads, max_len, attention, gen, causal=False, positional=positional,
+            mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing=linformer_sharing,
+            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm, learn_scale=learn_scale, dtype=dtype))
+        self.mix = self.add_child("mix", Linear(4 * dim, dim, gen, dtype=dtype))
+        self.act = self.add_child("act", GELU())
+        self.head = self.add_child("head", Linear(dim, num_classes, gen, dtype=dtype))
+
+    def forward(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """Logits (B, num_classes) for ids (B, 2, N); ``mask`` (B, 2, N) marks real tokens."""
+        ids = np.asarray(ids)
+        if ids.ndim != 3 or ids.shape[1] != 2:
+            raise ValueError(f"ids must have shape (B, 2, N): two sequences per example, got {ids.shape}")
+        B, _, N = ids.shape
+        flat_mask = None if mask is None else np.asarray(mask).reshape(2 * B, N)
+        h = self.backbone.forward(ids.reshape(2 * B, N), flat_mask)
+        w = np.ones(h.shape[:2], h.dtype) if flat_mask is None else flat_mask.astype(h.dtype)
+        self._w = w / np.maximum(w.sum(1, keepdims=True), 1)
+        pooled = (h * self._w[..., None]).sum(1).reshape(B, 2, -1)
+        self._u, self._v = pooled[:, 0], pooled[:, 1]
+        pair = np.concatenate([self._u, self._v, self._u * self._v, self._u - self._v], axis=-1)
+        return self.head.forward(self.act.forward(self.mix.forward(pair)))
+
+    def backward(self, dlogits: np.ndarray) -> None:
+        dpair = self.mix.backward(self.act.backward(self.head.backward(dlogits)))
+        du_, dv_, dprod, ddiff = np.split(dpair, 4, axis=-1)
+        du = du_ + dprod * self._v + ddiff
+        dv = dv_ + dprod * self._u - ddiff
+        dpooled = np.stack([du, dv], axis=1).reshape(-1, du.shape[-1])
         self.backbone.backward(dpooled[:, None, :] * self._w[..., None])
 
 

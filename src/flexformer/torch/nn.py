@@ -229,6 +229,9 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
                   dtype=dtype, backend=backend)
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
+    if cfg.task == "retrieval":
+        raise ValueError("the torch models have no two-tower classifier: train retrieval with "
+                         "python -m flexformer train --task retrieval")
     return EncoderClassifier(vocab, num_classes, **common)
 
 

@@ -42,7 +42,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     d = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m flexformer.torch.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default=d.task, help="listops, fmnist, text-lm or text-cls")
+    p.add_argument("--task", default=d.task, help="listops, fmnist, pathfinder, text-lm or text-cls")
     p.add_argument("--attention", default=d.attention)
     p.add_argument("--dim", type=int, default=d.dim)
     p.add_argument("--depth", type=int, default=d.depth)

@@ -18,12 +18,14 @@ import numpy as np
 
 from ..threads import set_num_threads
 from ..init import DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
-from ..nn import CausalLM, EncoderClassifier, cross_entropy
+from ..nn import CausalLM, EncoderClassifier, TwoTowerClassifier, cross_entropy
 from ..registry import get_attention
 from . import checkpoint
 from .optim import AdamW, clip_global_norm, lr_at
 
-TASKS = ("listops", "fmnist", "text-lm", "text-cls")
+TASKS = ("listops", "fmnist", "pathfinder", "text-lm", "text-cls", "retrieval")
+#: the tasks that read plain-text files from --data-dir
+TEXT_TASKS = ("text-lm", "text-cls", "retrieval")
 
 
 @dataclass
@@ -137,20 +139,35 @@ class TrainConfig:
                              "choose one")
         if self.diagnostics_every < 0:
             raise ValueError(f"diagnostics_every must be >= 0, got {self.diagnostics_every}")
+        if self.task == "pathfinder":
+            pathfinder_size(self.seq_len)
+
+
+def pathfinder_size(seq_len: int) -> int:
+    """The image side of a Pathfinder run: --seq-len is the number of pixels, size^2."""
+    size = math.isqrt(seq_len)
+    if size * size != seq_len or size < 16:
+        raise ValueError(f"task pathfinder reads a size x size image as a sequence: --seq-len must be size^2 with "
+                         f"size >= 16 (256 for 16 x 16, 1024 for LRA's 32 x 32), got {seq_len}")
+    return size
 
 
 def build_data(cfg: TrainConfig):
-    from ..data import FashionMNIST, ListOps, TextClassification, TextLM
+    from ..data import FashionMNIST, ListOps, Pathfinder, TextClassification, TextLM, TextRetrieval
     from ..data.fmnist import DEFAULT_DIR
 
     if cfg.task == "listops":
         return ListOps(cfg.seq_len)
     if cfg.task == "fmnist":
         return FashionMNIST(cfg.data_dir or DEFAULT_DIR)
+    if cfg.task == "pathfinder":
+        return Pathfinder(pathfinder_size(cfg.seq_len))
     if cfg.data_dir is None:
         raise ValueError(f"task {cfg.task} reads plain-text files: pass --data-dir (e.g. ../shared/data/austen)")
     if cfg.task == "text-lm":
         return TextLM(cfg.data_dir, cfg.seq_len)
+    if cfg.task == "retrieval":
+        return TextRetrieval(cfg.data_dir, cfg.seq_len)
     return TextClassification(cfg.data_dir, cfg.seq_len)
 
 
@@ -167,6 +184,8 @@ def model_for_config(cfg: TrainConfig, vocab: int, num_classes: Optional[int], m
                   learn_scale=bool(cfg.learn_scale), rng=cfg.seed, dtype=np.dtype(cfg.dtype))
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
+    if cfg.task == "retrieval":
+        return TwoTowerClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
     return EncoderClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
 
 

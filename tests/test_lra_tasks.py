@@ -1,0 +1,100 @@
+"""The Long Range Arena analogues added beside ListOps, Fashion-MNIST and text-cls:
+retrieval (two byte windows, same book or not) with its two-tower model, and Pathfinder
+through the training loop (the generator itself: tests/test_pathfinder.py)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+from flexformer.data import TextRetrieval
+from flexformer.nn import TwoTowerClassifier, cross_entropy
+from flexformer.testing import check_model_gradients
+from flexformer.training import TrainConfig, load_model, train
+
+AUSTEN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "austen")
+needs_austen = pytest.mark.skipif(not os.path.isdir(AUSTEN), reason="needs ../shared/data/austen")
+
+
+@needs_austen
+def test_retrieval_pairs_come_from_the_books_they_claim():
+    data = TextRetrieval(AUSTEN, seq_len=64)
+    books = data._books
+    ids, mask, labels = data.batch(np.random.default_rng(0), 64)
+    assert ids.shape == (64, 2, 64) and mask.all() and set(labels) == {0, 1}
+    for split, parts in (("train", books.train), ("test", books.test)):
+        ids, _, labels = data.batch(np.random.default_rng(1), 32, split)
+        for pair, label in zip(ids, labels):
+            # an independent search: which book holds each window (and no other book does)
+            where = []
+            for window in pair:
+                needle = window.astype(np.uint8).tobytes()
+                hits = [i for i, part in enumerate(parts) if needle in part.tobytes()]
+                assert len(hits) == 1
+                where.append(hits[0])
+            assert (where[0] == where[1]) == bool(label)
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "softmax", "taylor"])
+def test_two_tower_gradients(kind):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(7, size=(2, 2, 9))
+    mask = np.ones((2, 2, 9), bool)
+    mask[1, 0, 6:] = False
+    mask[0, 1, 4:] = False
+    model = TwoTowerClassifier(7, 2, dim=8, depth=1, heads=2, max_len=9, attention=kind, num_features=4, rng=1,
+                               dtype=np.float64)
+    labels = np.array([1, 0])
+
+    def loss_and_backward():
+        model.zero_grad()
+        loss, dlogits = cross_entropy(model.forward(ids, mask), labels)
+        model.backward(dlogits)
+        return loss
+
+    report = check_model_gradients(loss_and_backward, model.named_parameters())
+    assert any(name.startswith("mix.") for name in report) and any(name.startswith("head.") for name in report)
+
+
+def test_two_tower_encodes_each_sequence_alone():
+    """Swapping the two sequences changes u and v but not the shared encoder: the pair
+    features [u, v, u v, u - v] of a swapped pair are the original's with u, v exchanged."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(7, size=(3, 2, 9))
+    model = TwoTowerClassifier(7, 2, dim=8, depth=1, heads=2, max_len=9, attention="flex_s", rng=1,
+                               dtype=np.float64)
+    model.forward(ids)
+    u, v = model._u.copy(), model._v.copy()
+    model.forward(ids[:, ::-1])
+    np.testing.assert_allclose(model._u, v, rtol=1e-12)
+    np.testing.assert_allclose(model._v, u, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"ids must have shape \(B, 2, N\)"):
+        model.forward(ids[:, 0])
+
+
+@needs_austen
+def test_retrieval_and_pathfinder_train_resume_and_load(tmp_path):
+    for task, extra in (("retrieval", dict(data_dir=AUSTEN, seq_len=64)), ("pathfinder", dict(seq_len=256))):
+        cfg = TrainConfig(task=task, attention="flex_n", dim=16, depth=1, heads=2, steps=6, batch_size=4,
+                          eval_batches=2, checkpoint_every=3, **extra)
+        out = tmp_path / task
+        metrics = train(cfg, str(out), progress=False)
+        assert 0 <= metrics["eval_accuracy"] <= 1 and np.isfinite(metrics["train_loss"])
+        model, saved, _ = load_model(str(out))
+        assert saved.task == task
+        with open(out / "metrics.json") as fh:
+            assert json.load(fh)["task"] == task
+
+
+def test_pathfinder_needs_a_square_sequence_length():
+    with pytest.raises(ValueError, match=r"--seq-len must be size\^2 with size >= 16"):
+        TrainConfig(task="pathfinder", seq_len=128).validate()
+    TrainConfig(task="pathfinder", seq_len=1024).validate()
+
+
+def test_retrieval_needs_a_data_folder(tmp_path):
+    with pytest.raises(ValueError, match="task retrieval reads plain-text files: pass --data-dir"):
+        train(TrainConfig(task="retrieval", steps=1), str(tmp_path / "r"), progress=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TextRetrieval(str(tmp_path / "missing"))
