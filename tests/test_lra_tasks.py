@@ -98,3 +98,50 @@ def test_retrieval_needs_a_data_folder(tmp_path):
         train(TrainConfig(task="retrieval", steps=1), str(tmp_path / "r"), progress=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         TextRetrieval(str(tmp_path / "missing"))
+
+
+def _tiny_fmnist(folder):
+    """Fashion-MNIST-shaped IDX files with random pixels (the suite's image task reads them)."""
+    import struct
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for prefix, n in (("train", 64), ("t10k", 32)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">HBB", 0, 8, 3)
+                                                            + struct.pack(">III", n, 28, 28) + images.tobytes())
+        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">HBB", 0, 8, 1) + struct.pack(">I", n)
+                                                            + labels.tobytes())
+    return folder
+
+
+@needs_austen
+def test_lra_suite_writes_one_table_and_resumes_without_repeating(tmp_path):
+    import subprocess
+    import sys
+    fm = _tiny_fmnist(tmp_path / "fm")
+    out = tmp_path / "suite"
+    cmd = [sys.executable, "-m", "flexformer", "compare", "--suite", "lra", "--quick", "--attentions", "elu",
+           "--seeds", "1", "--data-dir", AUSTEN, "--fmnist-dir", str(fm), "--out", str(out),
+           "--steps", "2", "--eval-batches", "1", "--dim", "16", "--heads", "2", "--depth", "1"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    rows = [line for line in first.stdout.splitlines() if line.startswith("| elu |")]
+    assert len(rows) == 1 and rows[0].count("±") == 5
+    runs = sorted(p.name for p in out.iterdir())
+    assert runs == sorted(f"{t}-elu-seed0" for t in ("listops", "text", "retrieval", "image", "pathfinder"))
+    stamp = {r: (out / r / "metrics.json").stat().st_mtime_ns for r in runs}
+    (out / "pathfinder-elu-seed0" / "metrics.json").unlink()  # as if stopped during that run
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    for r in runs:
+        same = (out / r / "metrics.json").stat().st_mtime_ns == stamp[r]
+        assert same == (r != "pathfinder-elu-seed0"), r  # only the unfinished run ran again
+    assert [line for line in second.stdout.splitlines() if line.startswith("| elu |")] == rows
+
+
+def test_suite_bad_input():
+    from flexformer.__main__ import main
+    assert main(["compare", "--suite", "lrb"]) == 2
+    assert main(["compare", "--suite", "lra", "--data-dir", "/no/such/folder"]) == 2
+    assert main(["compare", "--quick"]) == 2

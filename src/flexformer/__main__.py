@@ -222,17 +222,31 @@ def train_command(args, argv: Optional[List[str]] = None, parser: Optional[argpa
 
 
 def compare_command(args) -> int:
-    """Each attention kind x seed in its own process (peak memory per run), same budget."""
-    kinds = [k.strip() for k in args.attentions.split(",") if k.strip()]
+    """Each attention kind x seed in its own process (peak memory per run), same budget; or
+    a whole suite of tasks (``--suite``)."""
     from .registry import get_attention
 
+    if args.suite is not None:
+        from . import suite
+
+        suite.check_suite(args.suite)
+    attentions = args.attentions or (",".join(suite.LRA_KINDS) if args.suite else ",".join(attention_kinds()))
+    kinds = [k.strip() for k in attentions.split(",") if k.strip()]
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     if not kinds:
         raise ValueError("--attentions must name at least one attention kind")
-
     for k in kinds:
         get_attention(k)
+    if args.suite is not None:
+        out = args.out or os.path.join("runs", f"suite-{args.suite}{'-quick' if args.quick else ''}")
+        return suite.run_suite(args.suite, kinds, args.seeds, out, data_dir=args.data_dir,
+                               fmnist_dir=args.fmnist_dir, quick=args.quick, extra=args.train_args)
+    for flag, value in (("--quick", args.quick), ("--out", args.out), ("--fmnist-dir", args.fmnist_dir)):
+        if value:
+            raise ValueError(f"{flag} belongs to --suite runs")
+    if args.data_dir is not None:
+        args.train_args += ["--data-dir", args.data_dir]
     rows = []
     for kind in kinds:
         results = []
@@ -376,8 +390,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "a folder that holds a run is refused)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     c = sub.add_parser("compare", help="several attention kinds under one budget: a markdown table")
-    c.add_argument("--attentions", default=",".join(attention_kinds()),
-                   help="comma-separated kinds (default: every registered kind)")
+    c.add_argument("--attentions", default=None,
+                   help="comma-separated kinds (default: every registered kind; with --suite lra: "
+                        "flex_n, flex_s, hedgehog, softmax, rfa, performer, taylor)")
+    c.add_argument("--suite", default=None, help="a suite of tasks instead of one: lra (the five Long Range "
+                   "Arena analogues, one table)")
+    c.add_argument("--quick", action="store_true", help="with --suite: minutes-long budgets (for CI, notebooks)")
+    c.add_argument("--out", default=None, help="with --suite: the folder of its runs (default runs/suite-NAME); "
+                   "finished runs are kept and not repeated")
+    c.add_argument("--data-dir", default=None, help="plain-text folder for the text tasks (passed to train)")
+    c.add_argument("--fmnist-dir", default=None, help="with --suite: the Fashion-MNIST folder of the image task "
+                   "(default /usr/share/datasets/fashion-mnist)")
     c.add_argument("--seeds", type=int, default=3)
     c.epilog = "Any other arguments (e.g. --task listops --steps 300) go to every train run."
     p = sub.add_parser("demo", help="time Flexformer_n attention and compare it with softmax")
