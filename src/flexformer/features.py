@@ -23,21 +23,6 @@ import numpy as np
 Params = Dict[str, np.ndarray]
 
 
-def check_param_shapes(params: Params, H: int, d: int) -> None:
-    """ValueError naming the parameter whose shape does not fit H heads of size d."""
-    for n, x in params.items():
-        if n == "tau":
-            fits = x.shape == (H,)
-        else:
-            fits = x.ndim == 3 and x.shape[0] == H and x.shape[1 if n == "W" else 2] == d
-        if not fits:
-            raise ValueError(f"{n} must have shape {_LAYOUTS.get(n, '(H, m, d)')} with H = {H}, d = {d}; "
-                             f"got {x.shape}")
-
-
-_LAYOUTS = {"tau": "(H,)", "W": "(H, d, m)"}  # the frequency arrays are (H, m, d)
-
-
 def _proj(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     return np.einsum("bhtd,hmd->bhtm", x, W.astype(x.dtype, copy=False))
 

@@ -33,8 +33,7 @@ import numpy as np
 
 from . import attention as lin
 from ._checks import check_real
-from .features import check_param_shapes
-from .registry import USER_FEATURES, attention_kinds, get_attention, require_params
+from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params
 from .registry import features as _features
 from .registry import num_features as _num_features
 
@@ -306,7 +305,8 @@ class RecurrentAttention:
         return q, k, v, key_mask
 
     def _check_params(self, H: int, d: int) -> None:
-        check_param_shapes(self.params, H, d)
+        if self.kind != USER_FEATURES:
+            check_param_shapes(self.kind, self.params, H, d)
 
     def _check_state(self, state, q, v) -> None:
         B, H, _, d = q.shape

@@ -41,6 +41,8 @@ class AttentionKind:
     name, description : str
     params : tuple of str
         Names of the arrays in ``params`` (learnable or fixed).
+    layouts : tuple of str
+        The shape of each, e.g. ``"(H, m, d)"``: H heads, d head size, m features.
     learnable : tuple of str
         The subset that ``backward`` returns gradients for.
     causal, masks : bool
@@ -82,6 +84,7 @@ class AttentionKind:
     torch_feature_map: Optional[Callable] = field(default=None, repr=False)
     recurrent: bool = False
     distill: bool = False
+    layouts: Tuple[str, ...] = ()
 
     def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
              max_len: Optional[int] = None, rng=None, dtype=np.float64, **options) -> Params:
@@ -185,7 +188,9 @@ def _register(kind: AttentionKind) -> None:
     _KINDS[kind.name] = kind
 
 
-_FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.two_m, torch_feature_map=fm.flex_s_features_torch)
+_FREQUENCIES = ("(H, m, d)",)
+_FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.two_m, torch_feature_map=fm.flex_s_features_torch,
+               layouts=_FREQUENCIES)
 _LINEAR_KIND = dict(causal=True, masks=True, key_state=True, recurrent=True)
 
 _register(AttentionKind(
@@ -204,7 +209,8 @@ _register(AttentionKind(
     ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), complexity="O(N m (d + e))", _init=_flex_n_init,
     kernel="flex_n", init_options=("scale", "spread", "match_tau", "symmetric"),
     feature_map=fm.flex_n_features, feature_grad=fm.flex_n_features_grad, feature_size=fm.two_m,
-    torch_feature_map=fm.flex_n_features_torch, distill=True, **_LINEAR_KIND))
+    torch_feature_map=fm.flex_n_features_torch, distill=True, layouts=("(H, m, d)", "(H, m, d)", "(H,)"),
+    **_LINEAR_KIND))
 _register(AttentionKind(
     "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)",
     ("omega",), (), complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),
@@ -214,12 +220,13 @@ _register(AttentionKind(
     complexity="O(N m (d + e))",
     _init=lambda H, d, m, L, rng, dt: {"omega": initialisers.performer_omega(H, _m(d, m), d, rng=rng, dtype=dt)},
     kernel="performer", feature_map=fm.performer_features, feature_size=lambda p, d: p["omega"].shape[1],
-    torch_feature_map=fm.performer_features_torch, distill=True, **_LINEAR_KIND))
+    torch_feature_map=fm.performer_features_torch, distill=True, layouts=_FREQUENCIES, **_LINEAR_KIND))
 _register(AttentionKind(
     "hedgehog", "Hedgehog: learnable softmax feature map", ("W",), ("W",), complexity="O(N m (d + e))",
     _init=lambda H, d, m, L, rng, dt: {"W": initialisers.hedgehog_weights(H, d, m, rng=rng, dtype=dt)},
     kernel="hedgehog", feature_map=fm.hedgehog_features, feature_grad=fm.hedgehog_features_grad,
-    feature_size=fm.hedgehog_size, torch_feature_map=fm.hedgehog_features_torch, distill=True, **_LINEAR_KIND))
+    feature_size=fm.hedgehog_size, torch_feature_map=fm.hedgehog_features_torch, distill=True,
+    layouts=("(H, d, m)",), **_LINEAR_KIND))
 _register(AttentionKind(
     "taylor", "Based: second-order Taylor features of exp(q.k / sqrt d), 1 + t + t^2/2 (F = 1 + d + d^2)",
     (), (), complexity="O(N d^2 e)", _init=lambda H, d, m, L, rng, dt: {}, kernel="taylor",
@@ -230,7 +237,8 @@ _register(AttentionKind(
     ("E", "F"), False, True, "O(N kp (d + e))", _linformer_init,
     lambda q, k, v, p, c, mk: sm.linformer_attention(q, k, v, p["E"], p["F"], causal=c, key_mask=mk),
     lambda do, q, k, v, p, c, mk: sm.linformer_attention_backward(do, q, k, v, p["E"], p["F"], causal=c,
-                                                                  key_mask=mk)))
+                                                                  key_mask=mk),
+    layouts=("(H, kp, Nmax) or (kp, Nmax)", "(H, kp, Nmax) or (kp, Nmax)")))
 _register(AttentionKind(
     "elu", "linear attention with elu(x) + 1 features (the generic core)", (), (), complexity="O(N d e)",
     _init=lambda H, d, m, L, rng, dt: {}, _forward=_elu_forward, _backward=_elu_backward,
@@ -271,6 +279,19 @@ def require_params(kind: str, params) -> None:
     missing = [n for n in names if n not in params]
     if missing:
         raise ValueError(f"params for {kind} need {', '.join(names)}; missing {', '.join(missing)}")
+
+
+def check_param_shapes(kind: str, params: Params, H: int, d: int) -> None:
+    """ValueError naming the parameter whose shape does not fit the kind's layout for H
+    heads of size d (the feature-map kinds; m, any size >= 1)."""
+    spec = get_attention(kind)
+    for name, layout in zip(spec.params, spec.layouts):
+        x = params[name]
+        axes = layout.strip("()").rstrip(",").split(", ")
+        fits = x.ndim == len(axes) and all(
+            n == {"H": H, "d": d}.get(a, n) and n >= 1 for a, n in zip(axes, x.shape))
+        if not fits:
+            raise ValueError(f"{name} must have shape {layout} with H = {H}, d = {d}; got {x.shape}")
 
 
 def features(kind: str, x: np.ndarray, params: Params) -> Tuple[np.ndarray, np.ndarray]:

@@ -29,9 +29,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..features import check_param_shapes
 from ..nn.core import Parameter
-from ..registry import attention_kinds, feature_backward, features, get_attention, require_params
+from ..registry import attention_kinds, check_param_shapes, feature_backward, features, get_attention, require_params
 from ..training.optim import AdamW
 
 Params = Dict[str, np.ndarray]
@@ -59,7 +58,7 @@ def _check(kind: str, q, k, key_mask, params):
         raise ValueError(f"key_mask must be a bool array (S, N) = {(S, N)}, got {key_mask.dtype} {key_mask.shape}")
     require_params(kind, params)
     params = {n: np.asarray(params[n], dtype=q.dtype) for n in get_attention(kind).params}
-    check_param_shapes(params, H, d)
+    check_param_shapes(kind, params, H, d)
     for n, x in params.items():
         if not np.isfinite(x).all():
             raise ValueError(f"{n} must be finite")
