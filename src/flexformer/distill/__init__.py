@@ -108,7 +108,8 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
 
     Parameters
     ----------
-    kind : {"flex_n", "flex_s", "hedgehog", "performer", "rfa"}
+    kind : str
+        One of ``DISTILL_KINDS`` (the registry's kinds marked ``distill``).
     q, k : ndarray
         Teacher queries and keys (S, H, N, d), float32 or float64 (S sequences).
     params : dict
