@@ -129,27 +129,19 @@ class EncoderClassifier(Module):
         self.backbone.backward(dpooled[:, None, :] * self._w[..., None])
 
 
-class TwoTowerClassifier(Module):
+class TwoTowerClassifier(EncoderClassifier):
     """Pairs of token sequences (B, 2, N) -> logits (B, C), as in the Long Range Arena's
     retrieval task: one encoder (shared weights; :class:`EncoderClassifier`'s backbone,
     mean-pooled over unmasked positions) gives u and v for the two sequences, and
     [u, v, u * v, u - v] goes through Linear(4 dim, dim), GELU and Linear(dim, C).
     The keyword arguments are :class:`EncoderClassifier`'s."""
 
-    def __init__(self, vocab: int, num_classes: int = 2, *, dim: int = 64, depth: int = 2, heads: int = 4,
-                 max_len: int = 512, attention: str = "flex_n", positional: str = "learned",
-                 mlp_ratio: int = 4, num_features: Optional[int] = None, linformer_sharing: str = "none",
-                 kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
-                 qk_norm: bool = False, learn_scale: bool = False, rng: RngLike = 0, dtype=np.float32):
-        super().__init__()
+    def __init__(self, vocab: int, num_classes: int = 2, *, dim: int = 64, rng: RngLike = 0, dtype=np.float32,
+                 **kwargs):
         gen = as_generator(rng)
-        self.backbone = self.add_child("backbone", _Backbone(
-            vocab, dim, depth, heads, max_len, attention, gen, causal=False, positional=positional,
-            mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing=linformer_sharing,
-            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm, learn_scale=learn_scale, dtype=dtype))
+        super().__init__(vocab, num_classes, dim=dim, rng=gen, dtype=dtype, **kwargs)
         self.mix = self.add_child("mix", Linear(4 * dim, dim, gen, dtype=dtype))
         self.act = self.add_child("act", GELU())
-        self.head = self.add_child("head", Linear(dim, num_classes, gen, dtype=dtype))
 
     def forward(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Logits (B, num_classes) for ids (B, 2, N); ``mask`` (B, 2, N) marks real tokens."""
