@@ -103,3 +103,12 @@ def test_nan_in_a_query_row_gives_nan_in_that_row_only(name):
     rest = np.ones(out.shape, bool)
     rest[0, 1, 4] = False
     assert np.isfinite(out[rest]).all()
+
+
+def test_feature_sizes_read_the_parameters_by_name():
+    """The feature size comes from the named frequency array, whatever order the dict has."""
+    from flexformer.registry import num_features
+    p = ff.get_attention("flex_n").init(2, 3, num_features=5, rng=0)
+    reordered = {n: p[n] for n in ("tau", "omega2", "omega1")}
+    assert num_features("flex_n", reordered, 3) == num_features("flex_n", p, 3) == 10
+    assert num_features("flex_s", ff.get_attention("flex_s").init(2, 3, num_features=4, rng=0), 3) == 8

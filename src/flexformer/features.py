@@ -81,9 +81,14 @@ def flex_n_features_torch(torch, x, p):
     return f, (x * x).sum(-1) * torch.exp(-p["tau"])[None, :, None]
 
 
-def two_m(p, d):
-    """F = 2m for the maps whose first parameter is (H, m, d): cos and sin halves."""
-    return 2 * next(iter(p.values())).shape[1]
+def flex_s_size(p, d):
+    """F = 2m: the cos and sin halves."""
+    return 2 * p["omega"].shape[1]
+
+
+def flex_n_size(p, d):
+    """F = 2m: the cos and sin halves (of the summed pair)."""
+    return 2 * p["omega1"].shape[1]
 
 
 # ----------------------------------------------------------------- positive feature maps

@@ -305,8 +305,7 @@ class RecurrentAttention:
         return q, k, v, key_mask
 
     def _check_params(self, H: int, d: int) -> None:
-        if self.kind != USER_FEATURES:
-            check_param_shapes(self.kind, self.params, H, d)
+        check_param_shapes(self.kind, self.params, H, d)
 
     def _check_state(self, state, q, v) -> None:
         B, H, _, d = q.shape

@@ -189,7 +189,7 @@ def _register(kind: AttentionKind) -> None:
 
 
 _FREQUENCIES = ("(H, m, d)",)
-_FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.two_m, torch_feature_map=fm.flex_s_features_torch,
+_FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.flex_s_size, torch_feature_map=fm.flex_s_features_torch,
                layouts=_FREQUENCIES)
 _LINEAR_KIND = dict(causal=True, masks=True, key_state=True, recurrent=True)
 
@@ -208,7 +208,7 @@ _register(AttentionKind(
     "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale",
     ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), complexity="O(N m (d + e))", _init=_flex_n_init,
     kernel="flex_n", init_options=("scale", "spread", "match_tau", "symmetric"),
-    feature_map=fm.flex_n_features, feature_grad=fm.flex_n_features_grad, feature_size=fm.two_m,
+    feature_map=fm.flex_n_features, feature_grad=fm.flex_n_features_grad, feature_size=fm.flex_n_size,
     torch_feature_map=fm.flex_n_features_torch, distill=True, layouts=("(H, m, d)", "(H, m, d)", "(H,)"),
     **_LINEAR_KIND))
 _register(AttentionKind(
@@ -283,7 +283,9 @@ def require_params(kind: str, params) -> None:
 
 def check_param_shapes(kind: str, params: Params, H: int, d: int) -> None:
     """ValueError naming the parameter whose shape does not fit the kind's layout for H
-    heads of size d (the feature-map kinds; m, any size >= 1)."""
+    heads of size d (the feature-map kinds; m, any size >= 1; ``"linear"`` has none)."""
+    if kind == USER_FEATURES:
+        return
     spec = get_attention(kind)
     for name, layout in zip(spec.params, spec.layouts):
         x = params[name]

@@ -25,12 +25,20 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 _SPLIT_TAG = {"train": 0, "test": 1}
+#: the smallest image side (the default curves need the room)
+MIN_SIZE = 16
 
 
 def _check_int(name: str, value, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     return int(value)
+
+
+def _check_split(split: str) -> str:
+    if split not in _SPLIT_TAG:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    return split
 
 
 class Pathfinder:
@@ -59,7 +67,7 @@ class Pathfinder:
     def __init__(self, size: int = 32, *, curve_length: Optional[int] = None, distractors: Optional[int] = None,
                  dash: int = 2, gap: int = 1, turn: float = 0.25, train_examples: int = 32768,
                  test_examples: int = 2048):
-        self.size = _check_int("size", size, 16)
+        self.size = _check_int("size", size, MIN_SIZE)
         self.curve_length = _check_int("curve_length", size // 2 if curve_length is None else curve_length, 2)
         if self.curve_length > 4 * self.size:
             raise ValueError(f"curve_length must be at most 4 x size = {4 * self.size}, got {curve_length}")
@@ -150,9 +158,7 @@ class Pathfinder:
     def example(self, split: str, index: int) -> Tuple[np.ndarray, int]:
         """Example ``index`` of a split (drawn from the seed [split, index] on first use,
         then kept: a run revisits its examples as LRA's fixed dataset does)."""
-        if split not in _SPLIT_TAG:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        cache = self._cache.setdefault(split, {})
+        cache = self._cache.setdefault(_check_split(split), {})
         if index not in cache:
             cache[index] = self.draw([_SPLIT_TAG[split], int(index)])
         return cache[index]
@@ -160,9 +166,7 @@ class Pathfinder:
     def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
         """(ids (B, size^2) int64, mask (B, size^2) all True, labels (B,)): examples drawn
         uniformly from the split's ``examples`` (train and test never share a seed)."""
-        if split not in _SPLIT_TAG:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        picks = rng.integers(self.examples[split], size=batch_size)
+        picks = rng.integers(self.examples[_check_split(split)], size=batch_size)
         images, labels = zip(*(self.example(split, int(i)) for i in picks))
         ids = np.stack(images).reshape(batch_size, -1).astype(np.int64)
         return ids, np.ones(ids.shape, bool), np.array(labels, np.int64)

@@ -145,10 +145,12 @@ class TrainConfig:
 
 def pathfinder_size(seq_len: int) -> int:
     """The image side of a Pathfinder run: --seq-len is the number of pixels, size^2."""
+    from ..data.pathfinder import MIN_SIZE
+
     size = math.isqrt(seq_len)
-    if size * size != seq_len or size < 16:
+    if size * size != seq_len or size < MIN_SIZE:
         raise ValueError(f"task pathfinder reads a size x size image as a sequence: --seq-len must be size^2 with "
-                         f"size >= 16 (256 for 16 x 16, 1024 for LRA's 32 x 32), got {seq_len}")
+                         f"size >= {MIN_SIZE} (256 for 16 x 16, 1024 for LRA's 32 x 32), got {seq_len}")
     return size
 
 
