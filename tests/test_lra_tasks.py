@@ -140,8 +140,46 @@ def test_lra_suite_writes_one_table_and_resumes_without_repeating(tmp_path):
     assert [line for line in second.stdout.splitlines() if line.startswith("| elu |")] == rows
 
 
+@needs_austen
+def test_lra_suite_interrupted_keeps_finished_runs_and_continues_the_stopped_one(tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    fm = _tiny_fmnist(tmp_path / "fm")
+    out = tmp_path / "suite"
+    cmd = [sys.executable, "-m", "flexformer", "compare", "--suite", "lra", "--quick", "--attentions", "elu",
+           "--seeds", "2", "--jobs", "2", "--data-dir", AUSTEN, "--fmnist-dir", str(fm), "--out", str(out),
+           "--steps", "100000", "--eval-batches", "1", "--dim", "8", "--heads", "1", "--depth", "1",
+           "--batch-size", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = out / "listops-elu-seed0" / "checkpoint.npz"
+    deadline = time.time() + 300
+    while not ckpt.exists() and time.time() < deadline:  # the first checkpoint: step 100
+        time.sleep(0.2)
+    assert ckpt.exists()
+    proc.send_signal(signal.SIGINT)  # the suite alone: it must pass the interrupt on to its runs
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert "resumes" in stderr and "| elu |" not in stdout
+    stopped = {seed: json.loads((out / f"listops-elu-seed{seed}" / "metrics.json").read_text()) for seed in (0, 1)}
+    assert all(m["interrupted"] for m in stopped.values()) and stopped[0]["steps"] >= 100
+    # the same command continues the stopped runs from their checkpoints (to a short total here)
+    total = max(m["steps"] for m in stopped.values()) + 2
+    again = [str(total) if a == "100000" else a for a in cmd]
+    resumed = subprocess.run(again, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len([line for line in resumed.stdout.splitlines() if line.startswith("| elu |")]) == 1
+    for seed in (0, 1):
+        final = json.loads((out / f"listops-elu-seed{seed}" / "metrics.json").read_text())
+        assert not final["interrupted"] and final["steps"] == total and "eval_accuracy" in final
+
+
 def test_suite_bad_input():
     from flexformer.__main__ import main
     assert main(["compare", "--suite", "lrb"]) == 2
     assert main(["compare", "--suite", "lra", "--data-dir", "/no/such/folder"]) == 2
     assert main(["compare", "--quick"]) == 2
+    assert main(["compare", "--jobs", "2"]) == 2
+    assert main(["compare", "--suite", "lra", "--jobs", "0", "--data-dir", AUSTEN]) == 2

@@ -241,8 +241,9 @@ def compare_command(args) -> int:
     if args.suite is not None:
         out = args.out or os.path.join("runs", f"suite-{args.suite}{'-quick' if args.quick else ''}")
         return suite.run_suite(args.suite, kinds, args.seeds, out, data_dir=args.data_dir,
-                               fmnist_dir=args.fmnist_dir, quick=args.quick, extra=args.train_args)
-    for flag, value in (("--quick", args.quick), ("--out", args.out), ("--fmnist-dir", args.fmnist_dir)):
+                               fmnist_dir=args.fmnist_dir, quick=args.quick, extra=args.train_args, jobs=args.jobs)
+    for flag, value in (("--quick", args.quick), ("--out", args.out), ("--fmnist-dir", args.fmnist_dir),
+                        ("--jobs", args.jobs != 1)):
         if value:
             raise ValueError(f"{flag} belongs to --suite runs")
     if args.data_dir is not None:
@@ -402,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fmnist-dir", default=None, help="with --suite: the Fashion-MNIST folder of the image task "
                    "(default /usr/share/datasets/fashion-mnist)")
     c.add_argument("--seeds", type=int, default=3)
+    c.add_argument("--jobs", type=int, default=1, help="with --suite: runs at once (default 1); each gets "
+                   "--threads cpus/jobs unless you pass --threads")
     c.epilog = "Any other arguments (e.g. --task listops --steps 300) go to every train run."
     p = sub.add_parser("demo", help="time Flexformer_n attention and compare it with softmax")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length N (default 4096)")

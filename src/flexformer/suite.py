@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,10 +47,33 @@ def _run_dir(out: str, task: str, kind: str, seed: int) -> str:
     return os.path.join(out, f"{task.lower()}-{kind}-seed{seed}")
 
 
+def _state(folder: str) -> Tuple[str, Optional[dict]]:
+    """("done", metrics) for a finished run, ("stopped", metrics) for one interrupted with
+    its checkpoint written (``train --resume`` continues it), ("new", None) otherwise (no
+    run, or one killed before it wrote metrics: started again from step 0)."""
+    path = os.path.join(folder, "metrics.json")
+    try:
+        with open(path) as fh:
+            metrics = json.load(fh)
+    except (OSError, ValueError):
+        return "new", None
+    if metrics.get("interrupted") or "eval_accuracy" not in metrics:
+        ok = os.path.exists(os.path.join(folder, "checkpoint.npz"))
+        return ("stopped", metrics) if ok else ("new", None)
+    return "done", metrics
+
+
 def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir: Optional[str],
-              fmnist_dir: Optional[str], quick: bool, extra: Sequence[str] = (), stream=sys.stderr) -> int:
-    """Run (or resume) the suite; print its table on stdout. Returns 0, or 1 when a run failed."""
+              fmnist_dir: Optional[str], quick: bool, extra: Sequence[str] = (), jobs: int = 1,
+              stream=sys.stderr) -> int:
+    """Run (or resume) the suite; print its table on stdout. Returns 0, 1 when a run failed,
+    130 when interrupted (every finished run is kept; the same call resumes the rest).
+
+    ``jobs`` runs go at once, each with ``--threads max(1, cpus // jobs)`` unless ``extra``
+    sets ``--threads``."""
     tasks = check_suite(name)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
     if data_dir is None or not os.path.isdir(data_dir):
         raise FileNotFoundError(f"the suite's text and retrieval tasks read plain-text files: pass --data-dir "
                                 f"with .txt files (e.g. ../shared/data/austen); got {data_dir!r}")
@@ -58,35 +84,77 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
         raise FileNotFoundError(f"the suite's image task reads Fashion-MNIST from {fmnist_dir}, which does not "
                                 f"exist: {HOW_TO_GET.replace('--data-dir', '--fmnist-dir')}")
     os.makedirs(out, exist_ok=True)
-    failed = 0
+    threads = [] if "--threads" in extra else ["--threads", str(max(1, (os.cpu_count() or 1) // jobs))]
+    folder_of = {"fmnist": fmnist_dir, **{t: data_dir for t in TEXT_TASKS}}
+    runs = []  # (column, kind, seed, folder, command or None when finished)
+    for column, task, full, short in tasks:
+        data = ["--data-dir", folder_of[task]] if task in folder_of else []
+        for kind in kinds:
+            for seed in range(seeds):
+                folder = _run_dir(out, column, kind, seed)
+                state, _ = _state(folder)
+                args = (short if quick else full) + data + list(extra)
+                if state == "done":
+                    cmd = None
+                elif state == "stopped":  # continue to the budget of this call (the last --steps given)
+                    at = max(i for i, a in enumerate(args) if a == "--steps")
+                    cmd = ["--resume", folder, "--steps", args[at + 1]]
+                else:
+                    cmd = ["--overwrite", "--out", folder, "--attention", kind, "--seed", str(seed), "--task", task] \
+                        + args
+                if cmd is not None:
+                    cmd = [sys.executable, "-m", "flexformer", "train", "--quiet"] + cmd + threads
+                runs.append((column, kind, seed, folder, cmd))
+
     results: Dict[Tuple[str, str], List[float]] = {}
+    failed = []
+    lock = threading.Lock()
+    running: Dict[int, subprocess.Popen] = {}
+    stop = threading.Event()
+
+    def report(column, kind, seed, folder, why=None):
+        with lock:
+            state, metrics = _state(folder)
+            if why is None and state == "done":
+                results.setdefault((column, kind), []).append(100.0 * metrics["eval_accuracy"])
+                print(f"{column} {kind} seed {seed}: accuracy {metrics['eval_accuracy']:.4f}", file=stream,
+                      flush=True)
+            elif not stop.is_set():
+                print(f"{column} {kind} seed {seed} failed: {why or 'no finished metrics.json'}", file=stream)
+                failed.append(folder)
+
+    def execute(run):
+        column, kind, seed, folder, cmd = run
+        if cmd is None:
+            return report(column, kind, seed, folder)
+        if stop.is_set():
+            return None
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        with lock:
+            running[proc.pid] = proc
+        err = proc.communicate()[1]
+        with lock:
+            running.pop(proc.pid, None)
+        why = None if proc.returncode == 0 else (err.strip().splitlines()[-1] if err.strip() else proc.returncode)
+        return report(column, kind, seed, folder, why)
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(execute, r) for r in runs]
     try:
-        for column, task, full, short in tasks:
-            folder_of = {"fmnist": fmnist_dir, **{t: data_dir for t in TEXT_TASKS}}
-            data = ["--data-dir", folder_of[task]] if task in folder_of else []
-            for kind in kinds:
-                for seed in range(seeds):
-                    folder = _run_dir(out, column, kind, seed)
-                    metrics = os.path.join(folder, "metrics.json")
-                    if not os.path.exists(metrics):
-                        cmd = [sys.executable, "-m", "flexformer", "train", "--quiet", "--overwrite", "--out", folder,
-                               "--attention", kind, "--seed", str(seed), "--task", task] + (short if quick else full) \
-                            + data + list(extra)
-                        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                              env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-                        if proc.returncode != 0 or not os.path.exists(metrics):
-                            why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode
-                            print(f"{column} {kind} seed {seed} failed: {why}", file=stream)
-                            failed += 1
-                            continue
-                    with open(metrics) as fh:
-                        m = json.load(fh)
-                    results.setdefault((column, kind), []).append(100.0 * m["eval_accuracy"])
-                    print(f"{column} {kind} seed {seed}: accuracy {m['eval_accuracy']:.4f}", file=stream)
+        for f in futures:
+            f.result()
     except KeyboardInterrupt:
-        print(f"interrupted: the finished runs are kept in {out}; the same command resumes the suite",
-              file=stream)
+        stop.set()
+        with lock:  # a terminal's Ctrl-C reaches the runs too; a signal sent to the suite alone does not
+            for proc in running.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+        pool.shutdown(wait=True, cancel_futures=True)  # each run checkpoints at its next step and stops
+        print(f"interrupted: the finished runs are kept in {out}; the same command resumes the suite "
+              f"(interrupted runs continue from their checkpoints)", file=stream)
         return 130
+    pool.shutdown()
     print(suite_table([t[0] for t in tasks], kinds, results, seeds))
     return 1 if failed else 0
 
