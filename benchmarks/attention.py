@@ -15,6 +15,10 @@ Implementations:
   (bidirectional forward+backward of the linear kinds passes the forward's key state to the
   backward, ``return_key_state`` / ``key_state``, as a training step does);
 * torch_flex_n, torch_flex_s: the same Flexformer math in PyTorch (benchmarks/torch_flex.py);
+* torch_compile_flex_n, torch_compile_flex_s: that math under ``torch.compile`` (Inductor's
+  C++/OpenMP code), compiled before timing (one forward without autograd and one
+  forward+backward, untimed), and checked against the C kernel's output on the rows away
+  from the denominator guard (``check_rel_err`` in the JSON; the run fails above 1e-3);
 * torch_sdpa: torch.nn.functional.scaled_dot_product_attention.
 
 torch and matplotlib are optional: without torch the torch rows are skipped, without
@@ -32,6 +36,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = [
     # (what, value) lines checked at the end of a full run
+    "flex_n, flex_s fwd+bwd at N=4096 and 16384 >= 1.5x faster than torch.compile of the same math (both modes)",
+    "flex_n fwd+bwd at >= 60% of numpy's float32 matmul rate (flex_n_fwdbwd_flops)",
     "flex_n fwd+bwd at N=4096 >= 2x faster than torch_flex_n (both modes); flex_s likewise",
     "flex_n fwd+bwd at N=16384 >= 10x faster than torch_sdpa (bidirectional)",
     "time(16384) / time(2048) <= 9 for flex_n, both modes",
@@ -44,6 +50,8 @@ IMPLS = {
     "ff_flex_s": ("both", False),
     "torch_flex_n": ("both", True),
     "torch_flex_s": ("both", True),
+    "torch_compile_flex_n": ("both", True),
+    "torch_compile_flex_s": ("both", True),
     "torch_sdpa": ("both", True),
     "ff_softmax": ("both", False),
     "ff_performer": ("both", False),
@@ -67,6 +75,9 @@ def _aggregate(config, results):
         if len(good) > 1:
             row[key + "_rounds"] = [r[key] for r in good]
     row["peak_mib"] = max(r["peak_mib"] for r in good)
+    for key in ("check_rel_err", "compile_s"):  # torch.compile rows: the worst round
+        if key in good[0]:
+            row[key] = max(r[key] for r in good)
     return row
 
 
@@ -111,12 +122,26 @@ def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threa
         o1, o2, tau = (torch.tensor(x, requires_grad=True)
                        for x in ff.init.flex_n_params(H, m, d, rng=1, dtype=np.float32))
         omega = torch.tensor(ff.init.flex_s_omega(H, m, d, rng=1, dtype=np.float32), requires_grad=True)
-        if impl == "torch_flex_n":
-            f = lambda: torch_flex.flex_n_attention(tq, tk, tv, o1, o2, tau, causal=causal)
-        elif impl == "torch_flex_s":
-            f = lambda: torch_flex.flex_s_attention(tq, tk, tv, omega, causal=causal)
+        compiled = impl.startswith("torch_compile_")
+        flex_n = torch.compile(torch_flex.flex_n_attention) if compiled else torch_flex.flex_n_attention
+        flex_s = torch.compile(torch_flex.flex_s_attention) if compiled else torch_flex.flex_s_attention
+        if impl.endswith("flex_n"):
+            f = lambda: flex_n(tq, tk, tv, o1, o2, tau, causal=causal)
+        elif impl.endswith("flex_s"):
+            f = lambda: flex_s(tq, tk, tv, omega, causal=causal)
         else:
             f = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        if compiled:  # compile both graphs before timing, and check the result against the C kernel
+            start = time.perf_counter()
+            with torch.no_grad():
+                got = f().numpy()
+            f().backward(tdo)
+            compile_s = time.perf_counter() - start
+            if impl.endswith("flex_n"):
+                params = {"omega1": o1.detach().numpy(), "omega2": o2.detach().numpy(), "tau": tau.detach().numpy()}
+            else:
+                params = {"omega": omega.detach().numpy()}
+            check = _check_against_c(impl[len("torch_compile_"):], q, k, v, params, causal, got)
 
         def fwd():
             with torch.no_grad():
@@ -171,9 +196,39 @@ def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threa
     from flexformer._timing import median_seconds
 
     result = {"fwd_s": median_seconds(fwd, repeats), "fwdbwd_s": median_seconds(both, repeats)}
+    if impl.startswith("torch_compile_"):
+        result.update(check, compile_s=compile_s)
+        if not check["check_rel_err"] < 1e-3:
+            raise SystemExit(f"{impl} differs from the C kernel: {check}")
     peak_kib = _memory_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result["peak_mib"] = (peak_kib - base_kib) / 1024.0
     return result
+
+
+def _check_against_c(kind: str, q, k, v, params, causal: bool, got) -> dict:
+    """Largest relative error (per row, max-norm) of ``got`` against this package's kernel,
+    over the rows whose denominator is more than 10x above the guard (in float64 from the
+    NumPy feature twins); rows at the guard divide noise by noise and are not a check."""
+    import numpy as np
+
+    import flexformer as ff
+    from flexformer.registry import features
+
+    ours = ff.get_attention(kind).forward(q, k, v, params, causal=causal)
+    p64 = {n: a.astype(np.float64) for n, a in params.items()}
+    fq, _ = features(kind, q.astype(np.float64), p64)
+    fk, sk = features(kind, k.astype(np.float64), p64)
+    w = np.exp(sk - sk.max(-1, keepdims=True))                       # (B,H,N)
+    fkw = fk * w[..., None]
+    if causal:  # row i sees keys j <= i (prefix sums at the global scale: fine at this input size)
+        den, bound = (fq * np.cumsum(fkw, axis=2)).sum(-1), np.cumsum(w, axis=2)
+    else:
+        den, bound = fq @ fkw.sum(2)[..., None], w.sum(-1, keepdims=True)
+        den = den[..., 0]
+    away = den > 10 * ff.attention.DEFAULT_EPS * bound
+    err = np.abs(got - ours).max(-1) / np.maximum(np.abs(ours).max(-1), 1e-30)
+    return {"check_rel_err": float(err[away].max()) if away.any() else float("nan"),
+            "check_rows": int(away.sum()), "rows": int(away.size)}
 
 
 def _matmul_rate(threads: int) -> float:
@@ -231,6 +286,12 @@ def flex_n_forward_flops(N: int, H: int, d: int, m: int, e: int) -> float:
     return H * (2 * 2 * N * m * d * 2 + N * F * e * 2 + N * F * e * 2)
 
 
+def flex_n_fwdbwd_flops(N: int, H: int, d: int, m: int, e: int) -> float:
+    """The forward's count plus the backward's, taken as twice the forward's (each product
+    of the forward has two gradient products of its size): 3x the forward."""
+    return 3 * flex_n_forward_flops(N, H, d, m, e)
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         kind = sys.argv[2]
@@ -273,12 +334,14 @@ def main() -> int:
     def save(extra=None):
         record = {"config": {"B": 1, "H": args.heads, "d": args.head_dim, "e": args.head_dim, "m": args.head_dim,
                              "dtype": "float32", "threads": args.threads, "repeats": args.repeats,
-                             "cpu": _cpu_name(), "torch": _torch_version()},
+                             "cpu": _cpu_name(), "isa_level": _isa_level(), "torch": _torch_version()},
                   "rows": rows, "targets": TARGETS}
         record.update(extra or {})
         with open(json_path, "w") as fh:
             json.dump(record, fh, indent=2)
 
+    print(f"machine: {_cpu_name()}, kernel ISA level {_isa_level()} (FLEXFORMER_CPU_LEVEL caps it), "
+          f"{args.threads} threads, torch {_torch_version()}")
     configs = [(impl, causal, N) for impl in args.impls if have_torch or not IMPLS[impl][1]
                for causal in ([False] if IMPLS[impl][0] == "bidir" else [False, True]) for N in args.sizes]
     if args.rounds > 1:
@@ -297,9 +360,9 @@ def main() -> int:
             if args.rounds > 1:
                 print(f"[round {rnd + 1}/{args.rounds}] ", end="")
             if "error" in res:
-                print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  error: {res['error']}")
+                print(f"{impl:20s} {'causal' if causal else 'bidir':6s} N={N:6d}  error: {res['error']}")
             else:
-                print(f"{impl:13s} {'causal' if causal else 'bidir':6s} N={N:6d}  fwd {res['fwd_s'] * 1e3:10.2f} ms"
+                print(f"{impl:20s} {'causal' if causal else 'bidir':6s} N={N:6d}  fwd {res['fwd_s'] * 1e3:10.2f} ms"
                       f"  fwd+bwd {res['fwdbwd_s'] * 1e3:10.2f} ms  peak {res['peak_mib']:8.1f} MiB", flush=True)
 
     matmul = _run_worker(["matmul", args.threads], args.threads).get("gflops")
@@ -316,7 +379,8 @@ def main() -> int:
     for N in args.sizes:
         for causal in (False, True):
             mode = "causal" if causal else "bidir"
-            for ours, peer in (("ff_flex_n", "torch_flex_n"), ("ff_flex_s", "torch_flex_s"),
+            for ours, peer in (("ff_flex_n", "torch_compile_flex_n"), ("ff_flex_s", "torch_compile_flex_s"),
+                               ("ff_flex_n", "torch_flex_n"), ("ff_flex_s", "torch_flex_s"),
                                ("ff_flex_n", "torch_sdpa"), ("ff_softmax", "torch_sdpa")):
                 a, b = get(ours, causal, N), get(peer, causal, N)
                 if a and b:
@@ -335,17 +399,19 @@ def main() -> int:
     roof = {}
     if matmul:
         for N in args.sizes:
-            t = get("ff_flex_n", False, N, "fwd_s")
-            if t:
-                rate = flex_n_forward_flops(N, args.heads, args.head_dim, args.head_dim, args.head_dim) / t / 1e9
-                roof[N] = rate
+            sizes = (N, args.heads, args.head_dim, args.head_dim, args.head_dim)
+            for key, flops in (("fwd_s", flex_n_forward_flops(*sizes)), ("fwdbwd_s", flex_n_fwdbwd_flops(*sizes))):
+                t = get("ff_flex_n", False, N, key)
+                if t:
+                    roof[f"{key[:-2]} N={N}"] = {"gflop": flops / 1e9, "gflops": flops / t / 1e9}
         print(f"\nnumpy float32 2048^2 matmul: {matmul:.1f} GFLOP/s ({args.threads} threads)")
-        for N, rate in roof.items():
-            print(f"  flex_n bidirectional forward N={N}: {rate:.1f} GFLOP/s = {100 * rate / matmul:.0f}% of it")
+        for what, r in roof.items():
+            print(f"  flex_n bidirectional {what}: {r['gflop']:.2f} GFLOP in {r['gflop'] / r['gflops'] * 1e3:.1f} ms"
+                  f" = {r['gflops']:.1f} GFLOP/s = {100 * r['gflops'] / matmul:.0f}% of it")
     print("call overhead at tiny shapes (us per call):",
           ", ".join(f"{k} {v:.1f}" for k, v in overhead.items() if isinstance(v, float)))
 
-    save({"ratios": summary, "matmul_gflops": matmul, "flex_n_forward_gflops": roof,
+    save({"ratios": summary, "matmul_gflops": matmul, "flex_n_rates": roof,
           "call_overhead_us": overhead})
     _plot(rows, os.path.join(args.out, name + ".png"))
     print(f"wrote {json_path}")
@@ -361,6 +427,11 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return "unknown"
+
+
+def _isa_level() -> int:
+    import flexformer as ff
+    return ff.isa_level()
 
 
 def _torch_version():

@@ -70,6 +70,17 @@
 
 size_t ff_causal_cache_limit = (size_t)256 << 20;
 
+/* The x86-64 level whose code paths the kernels run (2, 3 or 4; FLEXFORMER_CPU_LEVEL may
+ * cap it), or 0 for a build without run-time dispatch. */
+int ff_isa_level(void)
+{
+#if FF_X86_DISPATCH
+    return ff_cpu_level();
+#else
+    return 0;
+#endif
+}
+
 void ff_set_causal_cache_bytes(size_t bytes)
 {
     ff_causal_cache_limit = bytes;

@@ -1025,6 +1025,13 @@ static PyObject *py_causal_cache_limit(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(ff_causal_cache_bytes());
 }
 
+static PyObject *py_isa_level(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyLong_FromLong(ff_isa_level());
+}
+
 static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -1056,6 +1063,7 @@ static PyMethodDef methods[] = {
     {"set_buffer_cache", py_set_buffer_cache, METH_O, "bound on the block cache in MiB (0: off)"},
     {"buffer_cache_info", py_buffer_cache_info, METH_NOARGS, "the block cache's counters"},
     {"set_causal_cache", py_set_causal_cache, METH_O, "the causal backward's chunk-cache budget in MiB (0: off)"},
+    {"isa_level", py_isa_level, METH_NOARGS, "x86-64 level of the code paths in use (0: no dispatch)"},
     {"causal_cache_limit", py_causal_cache_limit, METH_NOARGS, "the causal backward's chunk-cache budget in bytes"},
     {NULL, NULL, 0, NULL}};
 #undef KERNEL

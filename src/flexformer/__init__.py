@@ -91,6 +91,14 @@ def causal_cache_limit() -> int:
     return int(_C.causal_cache_limit())
 
 
+def isa_level() -> int:
+    """The x86-64 micro-architecture level whose kernel code paths run: 4 (AVX-512), 3
+    (AVX2 and FMA) or 2 (baseline), chosen once from the CPU and capped by
+    ``FLEXFORMER_CPU_LEVEL``; 0 for a build without run-time dispatch (not x86-64 GCC,
+    or ``FF_NO_CLONES``). Benchmarks print it beside their timings."""
+    return int(_C.isa_level())
+
+
 _budget_from_environment("FLEXFORMER_BUFFER_CACHE_MIB", set_buffer_cache)
 _budget_from_environment("FLEXFORMER_CAUSAL_CACHE_MIB", set_causal_cache)
 
@@ -127,6 +135,7 @@ __all__ = [
     "buffer_cache_info",
     "set_buffer_cache",
     "causal_cache_limit",
+    "isa_level",
     "set_causal_cache",
     "data",
     "init",

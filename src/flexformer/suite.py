@@ -27,7 +27,7 @@ LRA_TASKS: Tuple[Tuple[str, str, List[str], List[str]], ...] = (
     ("Text", "text-cls", ["--seq-len", "512", "--steps", "300"], ["--seq-len", "128", "--steps", "20"]),
     ("Retrieval", "retrieval", ["--seq-len", "256", "--steps", "300"], ["--seq-len", "64", "--steps", "20"]),
     ("Image", "fmnist", ["--steps", "200"], ["--steps", "10"]),
-    ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "600"], ["--seq-len", "256", "--steps", "20"]),
+    ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "1000"], ["--seq-len", "256", "--steps", "20"]),
 )
 SUITES = {"lra": LRA_TASKS}
 #: the paper's kinds that this package has (Polaformer it has not), and Based's Taylor map
