@@ -128,7 +128,7 @@ def test_lra_suite_writes_one_table_and_resumes_without_repeating(tmp_path):
     assert first.returncode == 0, first.stderr
     rows = [line for line in first.stdout.splitlines() if line.startswith("| elu |")]
     assert len(rows) == 1 and rows[0].count("±") == 5
-    runs = sorted(p.name for p in out.iterdir())
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
     assert runs == sorted(f"{t}-elu-seed0" for t in ("listops", "text", "retrieval", "image", "pathfinder"))
     stamp = {r: (out / r / "metrics.json").stat().st_mtime_ns for r in runs}
     (out / "pathfinder-elu-seed0" / "metrics.json").unlink()  # as if stopped during that run
@@ -174,6 +174,20 @@ def test_lra_suite_interrupted_keeps_finished_runs_and_continues_the_stopped_one
     for seed in (0, 1):
         final = json.loads((out / f"listops-elu-seed{seed}" / "metrics.json").read_text())
         assert not final["interrupted"] and final["steps"] == total and "eval_accuracy" in final
+
+
+def test_a_second_suite_on_the_same_folder_is_refused(tmp_path, capsys):
+    import fcntl
+    from flexformer.__main__ import main
+    fm = _tiny_fmnist(tmp_path / "fm")
+    out = tmp_path / "suite"
+    out.mkdir()
+    with open(out / ".suite-lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running suite holds it
+        code = main(["compare", "--suite", "lra", "--quick", "--data-dir", str(tmp_path), "--fmnist-dir", str(fm),
+                     "--out", str(out)])
+    assert code == 2 and "another suite is running" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == [".suite-lock"]  # nothing started
 
 
 def test_suite_bad_input():

@@ -63,6 +63,23 @@ def _state(folder: str) -> Tuple[str, Optional[dict]]:
     return "done", metrics
 
 
+def _lock_folder(out: str):
+    """An open file holding an exclusive lock on OUT/.suite-lock: a second suite on the same
+    folder would start the same runs into the same run folders."""
+    fh = open(os.path.join(out, ".suite-lock"), "w")
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return fh
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise ValueError(f"--out {out}: another suite is running there; wait for it, or pass a different --out") \
+            from None
+    return fh
+
+
 def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir: Optional[str],
               fmnist_dir: Optional[str], quick: bool, extra: Sequence[str] = (), jobs: int = 1,
               stream=sys.stderr) -> int:
@@ -84,6 +101,7 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
         raise FileNotFoundError(f"the suite's image task reads Fashion-MNIST from {fmnist_dir}, which does not "
                                 f"exist: {HOW_TO_GET.replace('--data-dir', '--fmnist-dir')}")
     os.makedirs(out, exist_ok=True)
+    lock = _lock_folder(out)  # held until this process ends
     threads = [] if "--threads" in extra else ["--threads", str(max(1, (os.cpu_count() or 1) // jobs))]
     folder_of = {"fmnist": fmnist_dir, **{t: data_dir for t in TEXT_TASKS}}
     runs = []  # (column, kind, seed, folder, command or None when finished)
@@ -108,12 +126,12 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
 
     results: Dict[Tuple[str, str], List[float]] = {}
     failed = []
-    lock = threading.Lock()
+    guard = threading.Lock()
     running: Dict[int, subprocess.Popen] = {}
     stop = threading.Event()
 
     def report(column, kind, seed, folder, why=None):
-        with lock:
+        with guard:
             state, metrics = _state(folder)
             if why is None and state == "done":
                 results.setdefault((column, kind), []).append(100.0 * metrics["eval_accuracy"])
@@ -131,10 +149,10 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
             return None
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-        with lock:
+        with guard:
             running[proc.pid] = proc
         err = proc.communicate()[1]
-        with lock:
+        with guard:
             running.pop(proc.pid, None)
         why = None if proc.returncode == 0 else (err.strip().splitlines()[-1] if err.strip() else proc.returncode)
         return report(column, kind, seed, folder, why)
@@ -146,7 +164,7 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
             f.result()
     except KeyboardInterrupt:
         stop.set()
-        with lock:  # a terminal's Ctrl-C reaches the runs too; a signal sent to the suite alone does not
+        with guard:  # a terminal's Ctrl-C reaches the runs too; a signal sent to the suite alone does not
             for proc in running.values():
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT)
@@ -155,6 +173,7 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
               f"(interrupted runs continue from their checkpoints)", file=stream)
         return 130
     pool.shutdown()
+    lock.close()
     print(suite_table([t[0] for t in tasks], kinds, results, seeds))
     return 1 if failed else 0
 
