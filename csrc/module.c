@@ -195,7 +195,8 @@ typedef struct {
     int backward, typenum, causal;
     double eps, scale;
     PyArrayObject *dout, *q, *k, *v, *mask, *params[3];
-    PyArrayObject *key_state; /* backward: the forward's key state, or NULL */
+    PyArrayObject *key_state; /* backward: the forward's key state; causal forward: the
+                               * carried state, updated in place; or NULL */
     int want_key_state;       /* forward: also return the key state */
     npy_intp B, H, Nq, Nk, d, e, m, kp, L;
 } attn_call;
@@ -427,6 +428,57 @@ static int prepare_key_state(attn_call *c, PyObject *obj)
     return 0;
 }
 
+/* state= (causal forward of a linear kind): the recurrent state of the keys before these,
+ * (B, H, F*e + F + 2) [S, z, R, M] per (b,h), updated in place, so it must be an ndarray
+ * of the call's dtype, C-contiguous, aligned, writeable, and not share memory with q, k,
+ * v or key_mask (the kernel writes it while other pairs still read them). */
+static int prepare_carry(attn_call *c, PyObject *obj)
+{
+    if (!c->causal) {
+        PyErr_SetString(PyExc_ValueError, "state (the recurrent state of earlier keys) needs causal=True; "
+                        "bidirectional calls use return_key_state");
+        return -1;
+    }
+    char doc[96];
+    snprintf(doc, sizeof doc, "(B, H, S) = (%zd, %zd, %zd)", (Py_ssize_t)c->B, (Py_ssize_t)c->H,
+             (Py_ssize_t)key_state_size(c));
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "state must be a numpy array %s, updated in place; got %s", doc,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != c->typenum) {
+        PyErr_Format(PyExc_TypeError, "state must be %s like q, k, v (it is updated in place, so it is "
+                     "never converted); got %s", c->typenum == NPY_FLOAT ? "float32" : "float64",
+                     PyArray_DESCR(a)->typeobj->tp_name);
+        return -1;
+    }
+    if (PyArray_NDIM(a) != 3 || PyArray_DIM(a, 0) != c->B || PyArray_DIM(a, 1) != c->H ||
+        PyArray_DIM(a, 2) != key_state_size(c))
+        return shape_error(a, "state", doc);
+    if (!PyArray_ISCARRAY(a)) {
+        PyErr_SetString(PyExc_ValueError, "state must be C-contiguous, aligned and writeable (it is updated "
+                        "in place)");
+        return -1;
+    }
+    const char *lo = (const char *)PyArray_DATA(a), *hi = lo + PyArray_NBYTES(a);
+    PyArrayObject *inputs[4] = {c->q, c->k, c->v, c->mask};
+    const char *names[4] = {"q", "k", "v", "key_mask"};
+    for (int i = 0; i < 4; ++i) {
+        if (!inputs[i])
+            continue;
+        const char *b0 = (const char *)PyArray_DATA(inputs[i]), *b1 = b0 + PyArray_NBYTES(inputs[i]);
+        if (b0 < hi && lo < b1) {
+            PyErr_Format(PyExc_ValueError, "state shares memory with %s; pass a separate array", names[i]);
+            return -1;
+        }
+    }
+    Py_INCREF(obj);
+    c->key_state = a;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ output buffers */
 
 /* Output arrays take their memory from the kernels' block cache (buffer_cache.h) through a
@@ -620,7 +672,7 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
     for (int i = 0; i < nargs; ++i)
         values[i] = PyTuple_GET_ITEM(args, i);
     PyObject *mask = Py_None, *causal = Py_False, *eps = NULL, *scale = Py_None;
-    PyObject *key_state = Py_None, *want_key_state = Py_False;
+    PyObject *key_state = Py_None, *want_key_state = Py_False, *carry = Py_None;
     if (kwargs) {
         PyObject *key, *val;
         Py_ssize_t pos = 0;
@@ -650,6 +702,8 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
                 key_state = val;
             else if (sp->linear && !backward && strcmp(kname, "return_key_state") == 0)
                 want_key_state = val;
+            else if (sp->linear && !backward && strcmp(kname, "state") == 0)
+                carry = val;
             else if (!sp->linear && strcmp(kname, "scale") == 0)
                 scale = val;
             else {
@@ -693,7 +747,8 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
     if (attn_call_prepare(&c, backward ? values[0] : NULL, values[b], values[b + 1], values[b + 2],
                           params, mask) == 0 &&
         (!(c.want_key_state || key_state != Py_None) ||
-         prepare_key_state(&c, key_state == Py_None ? NULL : key_state) == 0)) {
+         prepare_key_state(&c, key_state == Py_None ? NULL : key_state) == 0) &&
+        (carry == Py_None || prepare_carry(&c, carry) == 0)) {
         c.scale = 1.0 / sqrt((double)c.d);
         if (scale != Py_None) {
             c.scale = PyFloat_AsDouble(scale);

@@ -256,3 +256,79 @@ def test_generate_command_streams_text_from_a_checkpoint(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "flexformer", "generate", "--checkpoint",
                               str(tmp_path / "none"), "--prompt", "x"], capture_output=True, text=True, env=env)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr
+
+
+C_KINDS = [k for k in RECURRENT_KINDS if RecurrentAttention(k, _setup(k, np.float64)[0].params)._kernel is not None]
+
+
+def test_the_c_step_serves_every_kind_with_a_c_kernel():
+    # elu's forward is Python (its features, then the generic kernel): it steps in NumPy
+    assert set(C_KINDS) == set(RECURRENT_KINDS) - {"softmax", "elu"}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", C_KINDS)
+def test_c_state_matches_the_numpy_recurrence(kind, dtype):
+    """The C kernel continuing a packed state against the NumPy recurrence of this module
+    (features from the NumPy twins, _absorb / _advance): outputs and every part of the state."""
+    rec, q, k, v = _setup(kind, dtype, B=2, N=300)
+    mask = np.random.default_rng(2).random((2, 300)) < 0.8
+    twin = RecurrentAttention(kind, rec.params)
+    twin._kernel = None  # the NumPy path
+    for r in (rec, twin):
+        r.out, r.state = r.prefill(q[:, :, :100], k[:, :, :100], v[:, :, :100], mask[:, :100])
+        r.outs = [r.out, r.step(r.state, q[:, :, 100:170], k[:, :, 100:170], v[:, :, 100:170], mask[:, 100:170])]
+        r.outs += [r.step(r.state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], mask[:, t:t + 1])
+                   for t in range(170, 300)]
+    assert _rel(np.concatenate(rec.outs, 2), np.concatenate(twin.outs, 2).astype(np.float64)) < TOL[dtype]
+    a, b = rec.state, twin.state
+    np.testing.assert_allclose(a.M, b.M, rtol=TOL[dtype])  # both hold the largest key log-scale seen
+    for x, y in ((a.S, b.S), (a.z, b.z), (a.R, b.R)):
+        assert _rel(x, y.astype(np.float64)) < TOL[dtype]
+    assert a.tokens == b.tokens == 300
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_carried_state_through_the_split_path(threads):
+    """One (b,h) on 2 threads cuts the sequence into segments; the carried state enters the
+    first and leaves the last."""
+    rec, q, k, v = _setup("flex_n", np.float64, B=1, H=1, N=700)
+    mask = np.random.default_rng(4).random((1, 700)) < 0.9
+    p = rec.params
+    ref = reference.flex_n_attention(q, k, v, p["omega1"], p["omega2"], p["tau"], causal=True, key_mask=mask)
+    old = ff.get_num_threads()
+    ff.set_num_threads(threads)
+    try:
+        head, state = rec.prefill(q[:, :, :300], k[:, :, :300], v[:, :, :300], mask[:, :300])
+        tail = rec.step(state, q[:, :, 300:], k[:, :, 300:], v[:, :, 300:], mask[:, 300:])
+    finally:
+        ff.set_num_threads(old)
+    assert _rel(np.concatenate([head, tail], 2), ref) < 1e-10
+
+
+def test_kernel_state_argument_is_checked():
+    from flexformer import _C
+    rec, q, k, v = _setup("flex_s", np.float32, N=4)
+    om = rec.params["omega"]
+    st = rec.empty_state(1, 2, 6, 6, np.float32).packed
+    with pytest.raises(ValueError, match="needs causal=True"):
+        _C.flex_s_forward(q, k, v, om, state=st)
+    with pytest.raises(TypeError, match="state must be float32"):
+        _C.flex_s_forward(q, k, v, om, causal=True, state=st.astype(np.float64))
+    with pytest.raises(TypeError, match="state must be a numpy array"):
+        _C.flex_s_forward(q, k, v, om, causal=True, state=st.tolist())
+    with pytest.raises(ValueError, match=r"state must have shape \(B, H, S\)"):
+        _C.flex_s_forward(q, k, v, om, causal=True, state=st[:, :1])
+    with pytest.raises(ValueError, match="C-contiguous, aligned and writeable"):
+        ro = st.copy()
+        ro.flags.writeable = False
+        _C.flex_s_forward(q, k, v, om, causal=True, state=ro)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _C.flex_s_forward(q, k, v, om, causal=True, state=np.zeros((1, 2, 2 * st.shape[2]), np.float32)[..., ::2])
+    big = np.zeros(q.size + st.size, np.float32)
+    q2, st2 = big[: q.size].reshape(q.shape), big[q.size:].reshape(st.shape)
+    q2[...] = q
+    with pytest.raises(ValueError, match="state shares memory with q"):
+        _C.flex_s_forward(q2, k, v, om, causal=True, state=big[2:2 + st.size].reshape(st.shape))
+    _C.flex_s_forward(q2, k, v, om, causal=True, state=st2)  # adjacent is fine
+    np.testing.assert_array_equal(q2, q)

@@ -31,8 +31,9 @@ from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
+from . import _C
 from . import attention as lin
-from ._checks import check_real
+from ._checks import check_overflow, check_real
 from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params
 from .registry import features as _features
 from .registry import num_features as _num_features
@@ -48,6 +49,10 @@ _PREFILL_BLOCK = 4096  # keys per block when building the state after a parallel
 class LinearAttentionState:
     """The fixed-size state of causal linear attention for (B, H) sequences.
 
+    Held in one packed array, ``packed`` (B, H, F*e + F + 2) = [S, z, R, M] per (b, h): the
+    layout the C kernels continue from (``state=`` of a causal forward); the attributes
+    below are views into it.
+
     Attributes
     ----------
     S : ndarray (B, H, F, e)
@@ -59,8 +64,42 @@ class LinearAttentionState:
     """
 
     def __init__(self, S: np.ndarray, z: np.ndarray, R: np.ndarray, M: np.ndarray, tokens: int = 0):
+        S = np.asarray(S)
+        B, H, F, e = S.shape
+        packed = np.empty((B, H, F * e + F + 2), S.dtype)
+        self._bind(packed, F, e)
         self.S, self.z, self.R, self.M = S, z, R, M
         self.tokens = int(tokens)
+
+    def _bind(self, packed: np.ndarray, F: int, e: int) -> None:
+        B, H = packed.shape[:2]
+        self.packed = packed
+        self._S = packed[..., : F * e].reshape(B, H, F, e)  # splitting an axis: a view
+        self._z = packed[..., F * e: F * e + F]
+        self._R = packed[..., F * e + F]
+        self._M = packed[..., F * e + F + 1]
+
+    @classmethod
+    def _from_packed(cls, packed: np.ndarray, F: int, e: int, tokens: int) -> "LinearAttentionState":
+        state = cls.__new__(cls)
+        state._bind(packed, F, e)
+        state.tokens = int(tokens)
+        return state
+
+    def _setter(name: str, layout: str):
+        def put(self, x) -> None:
+            view, x = getattr(self, "_" + name), np.asarray(x)
+            if x.shape != view.shape:
+                raise ValueError(f"state arrays are inconsistent: {name} must be {layout} = {view.shape}, "
+                                 f"got {x.shape}")
+            view[...] = x
+        return property(lambda self: getattr(self, "_" + name), put)
+
+    S = _setter("S", "(B, H, F, e)")
+    z = _setter("z", "(B, H, F)")
+    R = _setter("R", "(B, H)")
+    M = _setter("M", "(B, H)")
+    del _setter
 
     @classmethod
     def empty(cls, batch: int, heads: int, features: int, value_dim: int,
@@ -68,26 +107,28 @@ class LinearAttentionState:
         """A state that has seen no tokens."""
         _check_sizes(batch=batch, heads=heads, features=features, value_dim=value_dim)
         dtype = _float_dtype("dtype", dtype)
-        return cls(np.zeros((batch, heads, features, value_dim), dtype), np.zeros((batch, heads, features), dtype),
-                   np.zeros((batch, heads), dtype), np.full((batch, heads), -np.inf, dtype))
+        packed = np.zeros((batch, heads, features * value_dim + features + 2), dtype)
+        packed[..., -1] = -np.inf
+        return cls._from_packed(packed, features, value_dim, 0)
 
     @property
     def shape(self) -> Tuple[int, int, int, int]:
         """(B, H, F, e)."""
-        return self.S.shape
+        return self._S.shape
 
     @property
     def dtype(self) -> np.dtype:
-        return self.S.dtype
+        return self.packed.dtype
 
     @property
     def nbytes(self) -> int:
         """Memory held by the state; independent of the number of tokens seen."""
-        return self.S.nbytes + self.z.nbytes + self.R.nbytes + self.M.nbytes
+        return self.packed.nbytes
 
     def copy(self) -> "LinearAttentionState":
         """An independent copy (advancing one leaves the other unchanged)."""
-        return LinearAttentionState(self.S.copy(), self.z.copy(), self.R.copy(), self.M.copy(), self.tokens)
+        B, H, F, e = self.shape
+        return LinearAttentionState._from_packed(self.packed.copy(), F, e, self.tokens)
 
     def __repr__(self) -> str:
         B, H, F, e = self.shape
@@ -264,11 +305,48 @@ class RecurrentAttention:
         spec = None if kind == USER_FEATURES else get_attention(kind)
         self.params = {n: np.asarray(params[n]) for n in (spec.params if spec else ())}
         self._kv_cache = spec is not None and spec.feature_map is None  # softmax: keys and values kept
+        # the C causal forward continues a packed state (state=): prefill and step in one call each;
+        # kinds with a Python forward (elu) step with the NumPy recurrence below
+        name = USER_FEATURES if spec is None else spec.kernel if spec._forward is None and spec.key_state else None
+        self._kernel = getattr(_C, f"{name}_forward") if name else None
+        self._kernel_params: Dict[np.dtype, tuple] = {}
+        self._features_for: Dict[int, int] = {}  # head size d -> F
         self.eps = check_real("eps", eps)
         if not (np.isfinite(self.eps) and self.eps > 0):
             raise ValueError(f"eps must be finite and > 0, got {eps}")
 
     # ------------------------------------------------------------------ helpers
+    def _run_kernel(self, state: LinearAttentionState, q, k, v, key_mask) -> np.ndarray:
+        """Outputs of these rows through the C causal forward, moving ``state`` past them."""
+        params = self._kernel_params.get(q.dtype)
+        if params is None:  # converted once per dtype, not on every token
+            spec = get_attention(self.kind) if self.kind != USER_FEATURES else None
+            params = tuple(np.ascontiguousarray(self.params[n], dtype=q.dtype) for n in (spec.params if spec else ()))
+            self._kernel_params[q.dtype] = params
+        out, _ = self._kernel(q, k, v, *params, causal=True, key_mask=key_mask, eps=self.eps, state=state.packed)
+        check_overflow(f"RecurrentAttention({self.kind!r})", out, (q, k, v), "the state of earlier keys")
+        state.tokens += q.shape[2]
+        return out
+
+    def _fast(self, state, q, k, v, key_mask) -> bool:
+        """Whether a step can go straight to the C kernel, which checks every shape itself:
+        plain arrays of the state's dtype and value size, a bool mask or none, T >= 1.
+        Anything else takes the full checks (and their messages)."""
+        if not (self._kernel is not None and type(state) is LinearAttentionState and type(q) is np.ndarray
+                and type(k) is np.ndarray and type(v) is np.ndarray and q.ndim == 4 and k.ndim == 4 and v.ndim == 4
+                and q.dtype == k.dtype == v.dtype == state.packed.dtype and q.shape[2] >= 1
+                and q.shape[:3] == k.shape[:3] == v.shape[:3] and q.shape[3] == k.shape[3]
+                and (key_mask is None or (type(key_mask) is np.ndarray and key_mask.dtype == np.bool_
+                                          and key_mask.shape == (q.shape[0], q.shape[2])))):
+            return False
+        d = q.shape[3]
+        if d not in self._features_for:
+            try:
+                self._features_for[d] = _num_features(self.kind, self.params, d)
+            except ValueError:
+                return False  # parameters that do not fit this head size: the full checks say so
+        return state._S.shape == q.shape[:2] + (self._features_for[d], v.shape[3])
+
     def _parallel(self, q, k, v, key_mask):
         if self.kind == USER_FEATURES:
             return lin.linear_attention(q, k, v, causal=True, key_mask=key_mask, eps=self.eps)
@@ -343,12 +421,15 @@ class RecurrentAttention:
 
         ``out`` is exactly the parallel causal forward; ``state`` continues it."""
         q, k, v, key_mask = self._check_inputs(q, k, v, key_mask)
-        out = self._parallel(q, k, v, key_mask)
         B, H, T, d = q.shape
         state = self.empty_state(B, H, d, v.shape[-1], q.dtype)
         if self._kv_cache:
+            out = self._parallel(q, k, v, key_mask)
             state.append(k, v, np.ones((B, T), bool) if key_mask is None else key_mask)
             return out, state
+        if self._kernel is not None:  # one C pass gives the outputs and the state
+            return self._run_kernel(state, q, k, v, key_mask), state
+        out = self._parallel(q, k, v, key_mask)
         for lo in range(0, T, _PREFILL_BLOCK):
             hi = min(T, lo + _PREFILL_BLOCK)
             fk, sk = _features(self.kind, k[:, :, lo:hi], self.params)
@@ -361,9 +442,13 @@ class RecurrentAttention:
              key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Advance ``state`` in place by T >= 1 tokens (q, k: (B, H, T, d); v: (B, H, T, e));
         returns their outputs (B, H, T, e), row t seeing every earlier key and keys <= t."""
+        if self._fast(state, q, k, v, key_mask):
+            return self._run_kernel(state, q, k, v, key_mask)
         q, k, v, key_mask = self._check_inputs(q, k, v, key_mask, state)
         if self._kv_cache:
             return self._softmax_step(state, q, k, v, key_mask)
+        if self._kernel is not None:
+            return self._run_kernel(state, q, k, v, key_mask)
         outs = []
         for lo in range(0, q.shape[2], _CHUNK):
             hi = min(q.shape[2], lo + _CHUNK)
