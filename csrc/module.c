@@ -101,22 +101,34 @@ static PyArrayObject *to_array(PyObject *obj, const char *name, int typenum, int
     return c;
 }
 
+/* x * 0 is 0 for finite x and NaN for inf or NaN: a sum of them is NaN exactly when some
+ * element is not finite, and it vectorises (an early-exit loop does not; this check runs
+ * on every call, and a recurrent step's parameters are most of its input) */
+static int all_finite_f32(const float *p, npy_intp n)
+{
+    float acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (npy_intp i = 0; i < n; ++i)
+        acc += p[i] * 0.0f;
+    return acc == acc;
+}
+
+static int all_finite_f64(const double *p, npy_intp n)
+{
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (npy_intp i = 0; i < n; ++i)
+        acc += p[i] * 0.0;
+    return acc == acc;
+}
+
 static int check_finite(PyArrayObject *a, const char *name)
 {
     const npy_intp n = PyArray_SIZE(a);
-    if (PyArray_TYPE(a) == NPY_FLOAT) {
-        const float *p = (const float *)PyArray_DATA(a);
-        for (npy_intp i = 0; i < n; ++i)
-            if (!isfinite(p[i]))
-                goto bad;
-    } else {
-        const double *p = (const double *)PyArray_DATA(a);
-        for (npy_intp i = 0; i < n; ++i)
-            if (!isfinite(p[i]))
-                goto bad;
-    }
-    return 0;
-bad:
+    const int ok = PyArray_TYPE(a) == NPY_FLOAT ? all_finite_f32((const float *)PyArray_DATA(a), n)
+                                                : all_finite_f64((const double *)PyArray_DATA(a), n);
+    if (ok)
+        return 0;
     PyErr_Format(PyExc_ValueError, "%s must be finite, but it contains NaN or inf", name);
     return -1;
 }

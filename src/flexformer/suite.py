@@ -21,13 +21,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+_QUICK_EVAL = ["--eval-batches", "8"]
 #: (table column, train task, full-budget arguments, --quick arguments)
 LRA_TASKS: Tuple[Tuple[str, str, List[str], List[str]], ...] = (
-    ("ListOps", "listops", ["--seq-len", "128", "--steps", "600"], ["--seq-len", "128", "--steps", "20"]),
-    ("Text", "text-cls", ["--seq-len", "512", "--steps", "300"], ["--seq-len", "128", "--steps", "20"]),
-    ("Retrieval", "retrieval", ["--seq-len", "256", "--steps", "300"], ["--seq-len", "64", "--steps", "20"]),
-    ("Image", "fmnist", ["--steps", "200"], ["--steps", "10"]),
-    ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "1000"], ["--seq-len", "256", "--steps", "20"]),
+    ("ListOps", "listops", ["--seq-len", "128", "--steps", "600"], ["--seq-len", "128", "--steps", "20"] + _QUICK_EVAL),
+    ("Text", "text-cls", ["--seq-len", "512", "--steps", "300"], ["--seq-len", "128", "--steps", "20"] + _QUICK_EVAL),
+    ("Retrieval", "retrieval", ["--seq-len", "256", "--steps", "300"], ["--seq-len", "64", "--steps", "20"]
+     + _QUICK_EVAL),
+    ("Image", "fmnist", ["--steps", "200"], ["--steps", "10"] + _QUICK_EVAL),
+    ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "1000"], ["--seq-len", "256", "--steps", "20"]
+     + _QUICK_EVAL),
 )
 SUITES = {"lra": LRA_TASKS}
 #: the paper's kinds that this package has (Polaformer it has not), and Based's Taylor map

@@ -1,0 +1,135 @@
+"""Where the time of one attention call goes: a sampled profile per phase, on each ISA path.
+
+    python benchmarks/profile.py                      # flex_n and flex_s, N=4096, both modes, levels 3 and 4
+    python benchmarks/profile.py --levels 4 --kinds flex_n --modes causal
+
+Needs Linux ``perf`` (Debian: linux-perf) and the permission to sample the process
+(``kernel.perf_event_paranoid`` <= 2 for user-space samples). For every (ISA level, kind,
+mode, pass) a fresh process runs the forward (or the backward, with the forward's key state
+for bidirectional attention, as training does) --repeats times under ``perf record``; the
+samples in this package's C library, in the C library's memset/memcpy, libm and the kernel's
+page clearing are grouped into phases by function name (PHASES below) and shown as shares
+of those samples: setup (random inputs, imports) is left out. FLEXFORMER_CPU_LEVEL picks the
+path (3: AVX2 + FMA, 4: AVX-512; the dense products have no AVX-512 copy, so level 4
+changes the sin/cos path only). Writes JSON to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: (phase, regular expression on the function name), first match wins
+PHASES = [
+    ("dense products (projections, key sums, read-out: gemm)", r"^gemm"),
+    ("sin / cos", r"sincos|^trig"),
+    ("feature maps, rest (norms, cos+sin sums, their gradients)", r"_features|featmap|sq_norms"),
+    ("key side (state sums, dk, dv)", r"key_state|keys_backward|state_update|segment_key|reverse_sweep"),
+    ("query side (outputs, dq, guard)", r"queries|chunk|forward_range|forward_sweep|guarded"),
+    ("exp", r"exp"),
+    ("memory (memset / memcpy / fresh pages)", r"memset|memcpy|memmove|clear_page|page_fault|do_anonymous"),
+    ("glue (argument checks, conversion)", r"attn_|check_|all_finite|to_array|prepare"),
+]
+
+WORKER = r"""
+import sys
+import numpy as np
+import flexformer as ff
+kind, causal, pas, N, H, d, repeats, threads = sys.argv[1], sys.argv[2] == "1", sys.argv[3], *map(int, sys.argv[4:9])
+ff.set_num_threads(threads)
+rng = np.random.default_rng(0)
+q, k, v, dout = (rng.standard_normal((1, H, N, d)).astype(np.float32) * np.float32(0.3) for _ in range(4))
+params = ff.get_attention(kind).init(H, d, num_features=d, rng=1, dtype=np.float32)
+spec = ff.get_attention(kind)
+state = None if causal else spec.forward(q, k, v, params, return_key_state=True)[1]
+for _ in range(repeats):
+    if pas == "fwd":
+        spec.forward(q, k, v, params, causal=causal)
+    else:
+        spec.backward(dout, q, k, v, params, causal=causal, key_state=state)
+"""
+
+
+def phase_of(symbol: str) -> str:
+    for name, pattern in PHASES:
+        if re.search(pattern, symbol):
+            return name
+    return "other"
+
+
+def profile_one(kind: str, causal: bool, pas: str, level: int, args) -> dict:
+    tmp = tempfile.mkdtemp(prefix="flexformer-profile-")
+    try:
+        data = os.path.join(tmp, "perf.data")
+        env = dict(os.environ, FLEXFORMER_CPU_LEVEL=str(level), OMP_NUM_THREADS=str(args.threads),
+                   OPENBLAS_NUM_THREADS="1")
+        cmd = ["perf", "record", "-q", "-F", "1999", "-o", data, "--", sys.executable, "-c", WORKER, kind,
+               "1" if causal else "0", pas, str(args.seq_len), str(args.heads), str(args.head_dim),
+               str(args.repeats), str(args.threads)]
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            return {"error": (run.stderr.strip().splitlines() or ["perf failed"])[-1]}
+        rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--sort", "dso,sym", "--percent-limit", "0"],
+                             capture_output=True, text=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    shares = {}
+    for line in rep.stdout.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(\S+)", line)
+        if not m:
+            continue
+        pct, dso, sym = float(m.group(1)), m.group(2), m.group(3)
+        ours = dso.startswith("_C.") or (dso.startswith(("libc", "libm", "[kernel")) and phase_of(sym) != "other")
+        if ours:
+            shares[phase_of(sym)] = shares.get(phase_of(sym), 0.0) + pct
+    total = sum(shares.values()) or 1.0
+    return {name: 100.0 * v / total for name, v in shares.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64, help="d = e = m")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--levels", type=int, nargs="+", default=[3, 4])
+    p.add_argument("--kinds", nargs="+", default=["flex_n", "flex_s"])
+    p.add_argument("--modes", nargs="+", default=["bidir", "causal"], choices=["bidir", "causal"])
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = p.parse_args(argv)
+    if shutil.which("perf") is None:
+        print("perf is not installed (Debian: apt-get install linux-perf)", file=sys.stderr)
+        return 2
+    import flexformer as ff
+
+    print(f"N={args.seq_len} H={args.heads} d=e=m={args.head_dim} float32, {args.threads} threads; "
+          f"CPU level found: {ff.isa_level()} (FLEXFORMER_CPU_LEVEL caps it per run)")
+    rows = []
+    for kind in args.kinds:
+        for mode in args.modes:
+            for pas in ("fwd", "bwd"):
+                for level in args.levels:
+                    res = profile_one(kind, mode == "causal", pas, level, args)
+                    rows.append({"kind": kind, "mode": mode, "pass": pas, "level": level, "shares": res})
+                    print(f"{kind} {mode} {pas} level {level}: " + (res["error"] if "error" in res else ", ".join(
+                        f"{name.split(' (')[0]} {v:.0f}%" for name, v in sorted(res.items(), key=lambda x: -x[1])
+                        if v >= 1)), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "profile.json")
+    with open(path, "w") as fh:
+        json.dump({"config": vars(args), "phases": [name for name, _ in PHASES] + ["other"], "rows": rows}, fh,
+                  indent=1)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
