@@ -104,23 +104,18 @@ static PyArrayObject *to_array(PyObject *obj, const char *name, int typenum, int
 /* x * 0 is 0 for finite x and NaN for inf or NaN: a sum of them is NaN exactly when some
  * element is not finite, and it vectorises (an early-exit loop does not; this check runs
  * on every call, and a recurrent step's parameters are most of its input) */
-static int all_finite_f32(const float *p, npy_intp n)
-{
-    float acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (npy_intp i = 0; i < n; ++i)
-        acc += p[i] * 0.0f;
-    return acc == acc;
-}
-
-static int all_finite_f64(const double *p, npy_intp n)
-{
-    double acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (npy_intp i = 0; i < n; ++i)
-        acc += p[i] * 0.0;
-    return acc == acc;
-}
+#define DEFINE_ALL_FINITE(name, type)                           \
+    static int name(const type *p, npy_intp n)                  \
+    {                                                           \
+        type acc = 0;                                           \
+        _Pragma("omp simd reduction(+ : acc)")                  \
+        for (npy_intp i = 0; i < n; ++i)                       \
+            acc += p[i] * (type)0;                              \
+        return acc == acc;                                      \
+    }
+DEFINE_ALL_FINITE(all_finite_f32, float)
+DEFINE_ALL_FINITE(all_finite_f64, double)
+#undef DEFINE_ALL_FINITE
 
 static int check_finite(PyArrayObject *a, const char *name)
 {

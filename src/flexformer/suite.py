@@ -29,7 +29,7 @@ LRA_TASKS: Tuple[Tuple[str, str, List[str], List[str]], ...] = (
     ("Retrieval", "retrieval", ["--seq-len", "256", "--steps", "300"], ["--seq-len", "64", "--steps", "20"]
      + _QUICK_EVAL),
     ("Image", "fmnist", ["--steps", "200"], ["--steps", "10"] + _QUICK_EVAL),
-    ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "1000"], ["--seq-len", "256", "--steps", "20"]
+    ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "600"], ["--seq-len", "256", "--steps", "20"]
      + _QUICK_EVAL),
 )
 SUITES = {"lra": LRA_TASKS}
