@@ -28,7 +28,7 @@ LRA_TASKS: Tuple[Tuple[str, str, List[str], List[str]], ...] = (
     ("Text", "text-cls", ["--seq-len", "512", "--steps", "300"], ["--seq-len", "128", "--steps", "20"] + _QUICK_EVAL),
     ("Retrieval", "retrieval", ["--seq-len", "256", "--steps", "300"], ["--seq-len", "64", "--steps", "20"]
      + _QUICK_EVAL),
-    ("Image", "fmnist", ["--steps", "200"], ["--steps", "10"] + _QUICK_EVAL),
+    ("Image", "fmnist", ["--steps", "100"], ["--steps", "10"] + _QUICK_EVAL),
     ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "600"], ["--seq-len", "256", "--steps", "20"]
      + _QUICK_EVAL),
 )
