@@ -415,6 +415,10 @@ def main() -> int:
           "call_overhead_us": overhead})
     _plot(rows, os.path.join(args.out, name + ".png"))
     print(f"wrote {json_path}")
+    failed = [f"{r['impl']} {'causal' if r['causal'] else 'bidir'} N={r['N']}" for r in rows if "error" in r]
+    if failed:  # a peer that did not run is not a comparison (CI runs --quick)
+        print(f"{len(failed)} configurations failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,7 +1,9 @@
 """Where the time of one attention call goes: a sampled profile per phase, on each ISA path.
+(Not called profile.py: benchmarks/ goes on sys.path in attention.py's workers, where that
+name would shadow the standard library's profile module, which torch.compile imports.)
 
-    python benchmarks/profile.py                      # flex_n and flex_s, N=4096, both modes, levels 3 and 4
-    python benchmarks/profile.py --levels 4 --kinds flex_n --modes causal
+    python benchmarks/phases.py                      # flex_n and flex_s, N=4096, both modes, levels 3 and 4
+    python benchmarks/phases.py --levels 4 --kinds flex_n --modes causal
 
 Needs Linux ``perf`` (Debian: linux-perf) and the permission to sample the process
 (``kernel.perf_event_paranoid`` <= 2 for user-space samples). For every (ISA level, kind,
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
                         f"{name.split(' (')[0]} {v:.0f}%" for name, v in sorted(res.items(), key=lambda x: -x[1])
                         if v >= 1)), flush=True)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "profile.json")
+    path = os.path.join(args.out, "phases.json")
     with open(path, "w") as fh:
         json.dump({"config": vars(args), "phases": [name for name, _ in PHASES] + ["other"], "rows": rows}, fh,
                   indent=1)
