@@ -309,7 +309,7 @@ class RecurrentAttention:
         # kinds with a Python forward (elu) step with the NumPy recurrence below
         name = USER_FEATURES if spec is None else spec.kernel if spec._forward is None and spec.key_state else None
         self._kernel = getattr(_C, f"{name}_forward") if name else None
-        self._kernel_params: Dict[np.dtype, tuple] = {}
+        self._kernel_params = tuple(self.params[n] for n in (spec.params if spec else ()))  # the kernel's order
         self._features_for: Dict[int, int] = {}  # head size d -> F
         self.eps = check_real("eps", eps)
         if not (np.isfinite(self.eps) and self.eps > 0):
@@ -318,12 +318,8 @@ class RecurrentAttention:
     # ------------------------------------------------------------------ helpers
     def _run_kernel(self, state: LinearAttentionState, q, k, v, key_mask) -> np.ndarray:
         """Outputs of these rows through the C causal forward, moving ``state`` past them."""
-        params = self._kernel_params.get(q.dtype)
-        if params is None:  # converted once per dtype, not on every token
-            spec = get_attention(self.kind) if self.kind != USER_FEATURES else None
-            params = tuple(np.ascontiguousarray(self.params[n], dtype=q.dtype) for n in (spec.params if spec else ()))
-            self._kernel_params[q.dtype] = params
-        out, _ = self._kernel(q, k, v, *params, causal=True, key_mask=key_mask, eps=self.eps, state=state.packed)
+        out, _ = self._kernel(q, k, v, *self._kernel_params, causal=True, key_mask=key_mask, eps=self.eps,
+                              state=state.packed)
         check_overflow(f"RecurrentAttention({self.kind!r})", out, (q, k, v), "the state of earlier keys")
         state.tokens += q.shape[2]
         return out

@@ -3,8 +3,8 @@
 ``lra``: the five Long Range Arena analogues (ListOps, byte-level text classification,
 retrieval, Fashion-MNIST as the image task, Pathfinder) for each chosen kind and seed. Every
 run is ``python -m flexformer train`` in its own process, writing into
-``OUT/<task>-<kind>-seed<S>/``; a run whose ``metrics.json`` exists is not repeated, so an
-interrupted suite resumes where it stopped. The result is one markdown table: a row per
+``OUT/<task>-<kind>-seed<S>/``; a finished run is not repeated and a run stopped by Ctrl-C
+continues from its checkpoint, so an interrupted suite resumes where it stopped. The result is one markdown table: a row per
 kind, a column per task (mean ± standard deviation over seeds) and the average, with the
 paper's Table 1 row for reference.
 """
@@ -107,26 +107,6 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
     lock = _lock_folder(out)  # held until this process ends
     threads = [] if "--threads" in extra else ["--threads", str(max(1, (os.cpu_count() or 1) // jobs))]
     folder_of = {"fmnist": fmnist_dir, **{t: data_dir for t in TEXT_TASKS}}
-    runs = []  # (column, kind, seed, folder, command or None when finished)
-    for column, task, full, short in tasks:
-        data = ["--data-dir", folder_of[task]] if task in folder_of else []
-        for kind in kinds:
-            for seed in range(seeds):
-                folder = _run_dir(out, column, kind, seed)
-                state, _ = _state(folder)
-                args = (short if quick else full) + data + list(extra)
-                if state == "done":
-                    cmd = None
-                elif state == "stopped":  # continue to the budget of this call (the last --steps given)
-                    at = max(i for i, a in enumerate(args) if a == "--steps")
-                    cmd = ["--resume", folder, "--steps", args[at + 1]]
-                else:
-                    cmd = ["--overwrite", "--out", folder, "--attention", kind, "--seed", str(seed), "--task", task] \
-                        + args
-                if cmd is not None:
-                    cmd = [sys.executable, "-m", "flexformer", "train", "--quiet"] + cmd + threads
-                runs.append((column, kind, seed, folder, cmd))
-
     results: Dict[Tuple[str, str], List[float]] = {}
     failed = []
     guard = threading.Lock()
@@ -144,10 +124,28 @@ def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir
                 print(f"{column} {kind} seed {seed} failed: {why or 'no finished metrics.json'}", file=stream)
                 failed.append(folder)
 
+    runs = []  # (column, kind, seed, folder, train command) of the runs still to do
+    for column, task, full, short in tasks:
+        data = ["--data-dir", folder_of[task]] if task in folder_of else []
+        for kind in kinds:
+            for seed in range(seeds):
+                folder = _run_dir(out, column, kind, seed)
+                state, _ = _state(folder)
+                args = (short if quick else full) + data + list(extra)
+                if state == "done":
+                    report(column, kind, seed, folder)
+                    continue
+                if state == "stopped":  # continue to the budget of this call (the last --steps given)
+                    at = max(i for i, a in enumerate(args) if a == "--steps")
+                    cmd = ["--resume", folder, "--steps", args[at + 1]]
+                else:
+                    cmd = ["--overwrite", "--out", folder, "--attention", kind, "--seed", str(seed), "--task", task] \
+                        + args
+                runs.append((column, kind, seed, folder,
+                             [sys.executable, "-m", "flexformer", "train", "--quiet"] + cmd + threads))
+
     def execute(run):
         column, kind, seed, folder, cmd = run
-        if cmd is None:
-            return report(column, kind, seed, folder)
         if stop.is_set():
             return None
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

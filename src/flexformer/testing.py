@@ -172,3 +172,18 @@ def check_model_gradients(
     if failures and raise_on_failure:
         raise AssertionError("model gradient check failed:\n  " + "\n  ".join(failures))
     return report
+
+
+def check_cross_entropy_gradients(model, inputs: Sequence, targets: np.ndarray, **kwargs) -> Dict[str, float]:
+    """:func:`check_model_gradients` of the cross-entropy loss of ``model.forward(*inputs)``
+    against ``targets`` (class labels, or next tokens for a language model); ``kwargs`` go
+    to :func:`check_model_gradients`."""
+    from .nn import cross_entropy
+
+    def loss_and_backward():
+        model.zero_grad()
+        loss, dlogits = cross_entropy(model.forward(*inputs), targets)
+        model.backward(dlogits)
+        return loss
+
+    return check_model_gradients(loss_and_backward, model.named_parameters(), **kwargs)
