@@ -28,7 +28,7 @@ def test_frequency_law_follows_scale(scale):
 
 def test_flex_n_pair_has_the_documented_correlation_and_tau():
     d, s, r = 16, 0.4, 0.5
-    o1, o2, tau = ff.init.flex_n_params(2, 8192, d, rng=3, scale=s, spread=r)
+    o1, o2, tau = ff.init.flex_n_params(2, 8192, d, rng=3, scale=s, spread=r, match_tau=True)
     for w in (o1, o2):  # each keeps the marginal law N(0, s^2 I / sqrt d)
         assert w.var() == pytest.approx(s * s / math.sqrt(d), rel=0.03)
     corr = (o1 * o2).mean() / np.sqrt(o1.var() * o2.var())
@@ -38,6 +38,8 @@ def test_flex_n_pair_has_the_documented_correlation_and_tau():
     np.testing.assert_allclose(tau, np.log(2 * math.sqrt(d) / s ** 2))
     _, _, fixed = ff.init.flex_n_params(2, 4, d, rng=3, scale=s, match_tau=False)
     np.testing.assert_allclose(fixed, np.log(2 * math.sqrt(d)))
+    _, _, default = ff.init.flex_n_params(2, 4, d, rng=3, scale=s)  # the default keeps tau fixed
+    np.testing.assert_array_equal(default, fixed)
 
 
 def test_symmetric_start_is_the_old_unbiased_estimate():
@@ -57,18 +59,23 @@ def _kernel_matrix(kind, q, k, params):
     return np.exp(sq[..., :, None] + sk[..., None, :]) * np.einsum("bhif,bhjf->bhij", fq, fk)
 
 
+@pytest.mark.parametrize("match_tau", [True, False])
 @pytest.mark.parametrize("scale,spread", [(1.0, 0.0), (0.3, 0.3), (0.5, 0.6)])
-def test_flex_n_starts_near_the_documented_kernel(scale, spread):
+def test_flex_n_starts_near_the_documented_kernel(scale, spread, match_tau):
     """With many features the random kernel is its expectation:
-    (exp(s^2 q.k / sqrt d) + exp(rho s^2 q.k / sqrt d)) / 2, rho = 1 - r^2."""
+    (exp(s^2 q.k / sqrt d) + exp(rho s^2 q.k / sqrt d)) / 2, rho = 1 - r^2, with matched tau;
+    with tau fixed at log(2 sqrt d), that times exp((1 - s^2) (|q|^2 + |k|^2) / (2 sqrt d))."""
     d, m = 8, 60000
     rng = np.random.default_rng(1)
     q = rng.standard_normal((1, 1, 5, d)) * 0.5
     k = rng.standard_normal((1, 1, 6, d)) * 0.5
-    o1, o2, tau = ff.init.flex_n_params(1, m, d, rng=2, scale=scale, spread=spread)
+    o1, o2, tau = ff.init.flex_n_params(1, m, d, rng=2, scale=scale, spread=spread, match_tau=match_tau)
     got = _kernel_matrix("flex_n", q, k, {"omega1": o1, "omega2": o2, "tau": tau})
     t = scale ** 2 * np.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(d)
     want = 0.5 * (np.exp(t) + np.exp((1 - spread ** 2) * t))
+    if not match_tau:
+        norms = (q * q).sum(-1)[..., :, None] + (k * k).sum(-1)[..., None, :]
+        want = want * np.exp((1 - scale ** 2) * norms / (2 * math.sqrt(d)))
     np.testing.assert_allclose(got, want, rtol=0.03)
 
 
@@ -134,8 +141,8 @@ def test_kernel_rows_match_the_kernels_output(kind, causal):
 
 def test_kernel_tv_is_zero_against_itself_and_large_for_noise():
     q, k = _qk(N=40, d=16, seed=5, scale=1.0)
-    # many features, small scale: the estimate is close to its softmax
-    good = ff.get_attention("flex_n").init(2, 16, num_features=4096, rng=0, scale=0.3, spread=0.0)
+    # many features, small scale, matched tau: the estimate is close to its softmax
+    good = ff.get_attention("flex_n").init(2, 16, num_features=4096, rng=0, scale=0.3, spread=0.0, match_tau=True)
     d_good = diagnostics.layer_diagnostics("flex_n", q, k, good, rows=40)
     # few features at the old scale: noise, and rows on the guard
     bad = ff.get_attention("flex_n").init(2, 16, num_features=8, rng=0, symmetric=True)

@@ -81,6 +81,22 @@ def test_resume_refuses_contradicting_flags(finished):
     assert "--lr 0.5" in line
 
 
+def test_tau_start_flags(tmp_path, finished):
+    """flex_n's tau start: fixed by default, --kernel-init-matched-tau saved as such, the two
+    flags exclusive, and a resumed run keeps the start it was trained with."""
+    saved = ckpt_mod.load_meta(str(finished / "checkpoint.npz"))["config"]
+    assert saved["kernel_init_match_tau"] is False
+    matched = tmp_path / "matched"
+    done = cli("train", *TINY, "--kernel-init-matched-tau", "--out", str(matched))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((matched / "metrics.json").read_text())["config"]["kernel_init_match_tau"] is True
+    both = cli("train", *TINY, "--kernel-init-fixed-tau", "--kernel-init-matched-tau")
+    assert both.returncode == 2 and "Traceback" not in both.stderr
+    assert "not allowed with argument" in both.stderr.strip().splitlines()[-1]
+    line = one_error_line(cli("train", "--resume", str(matched), "--steps", "5", "--kernel-init-fixed-tau"))
+    assert "--kernel-init-fixed-tau" in line and "kernel_init_match_tau True" in line
+
+
 def test_resume_with_matching_flags_and_a_new_total(tmp_path, finished):
     run = tmp_path / "more"
     run.mkdir()

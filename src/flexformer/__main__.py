@@ -120,9 +120,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                         f"(default {d.diagnostics_every})")
 
 
-def kernel_init_args(p: argparse.ArgumentParser) -> None:
-    """The attention kernel's initialisation options (shared with the torch trainer)."""
-    from .init import DEFAULT_SCALE, DEFAULT_SPREAD
+def kernel_init_args(p: argparse.ArgumentParser, match_tau: Optional[bool] = None) -> None:
+    """The attention kernel's initialisation options (shared with the torch trainer and
+    distillation); ``match_tau`` overrides the default tau start of this command."""
+    from .init import DEFAULT_MATCH_TAU, DEFAULT_SCALE, DEFAULT_SPREAD
 
     p.add_argument("--kernel-init-scale", type=float, default=DEFAULT_SCALE,
                    help="bandwidth scale s of the initial frequencies of flex_s, flex_n and rfa: rows "
@@ -130,8 +131,15 @@ def kernel_init_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-init-spread", type=float, default=DEFAULT_SPREAD,
                    help="spread r in [0, 1] between flex_n's initial omega1 and omega2; 0 = equal "
                         f"(default {DEFAULT_SPREAD})")
-    p.add_argument("--kernel-init-fixed-tau", action="store_true",
-                   help="keep flex_n's initial tau at log(2 sqrt d) instead of log(2 sqrt d / s^2)")
+    match_tau = DEFAULT_MATCH_TAU if match_tau is None else match_tau
+    tau = p.add_mutually_exclusive_group()
+    tau.add_argument("--kernel-init-fixed-tau", dest="kernel_init_match_tau", action="store_false",
+                     help="flex_n's initial tau = log(2 sqrt d) at any scale, the norm factor of flex_s"
+                          + (" (default)" if not match_tau else ""))
+    tau.add_argument("--kernel-init-matched-tau", dest="kernel_init_match_tau", action="store_true",
+                     help="flex_n's initial tau = log(2 sqrt d / s^2): the start estimates exp(s^2 q.k / sqrt d)"
+                          + (" (default)" if match_tau else ""))
+    p.set_defaults(kernel_init_match_tau=match_tau)
 
 
 def _config_from(args):
@@ -146,7 +154,7 @@ def _config_from(args):
                        threads=args.threads, data_dir=args.data_dir, eval_batches=args.eval_batches,
                        checkpoint_every=args.checkpoint_every, kernel_init_scale=args.kernel_init_scale,
                        kernel_init_spread=args.kernel_init_spread,
-                       kernel_init_match_tau=not args.kernel_init_fixed_tau, diagnostics_every=args.diagnostics_every,
+                       kernel_init_match_tau=args.kernel_init_match_tau, diagnostics_every=args.diagnostics_every,
                        kernel_lr_scale=args.kernel_lr_scale, attention_eps=args.attention_eps,
                        qk_norm=args.qk_norm, learn_scale=args.learn_scale)
 
@@ -155,7 +163,7 @@ def _config_from(args):
 #: the new total); any other flag given with --resume must repeat the saved value
 RESUME_MAY_CHANGE = ("steps", "threads", "quiet", "resume")
 #: where a train flag's value lives in TrainConfig, when the names differ
-_CONFIG_NAME = {"features": "num_features", "kernel_init_fixed_tau": "kernel_init_match_tau"}
+_CONFIG_NAME = {"features": "num_features"}
 
 
 def _given_options(parser: argparse.ArgumentParser, argv: List[str]) -> List[argparse.Action]:
@@ -180,8 +188,6 @@ def check_resume_flags(args, argv: List[str], parser: argparse.ArgumentParser, s
             continue
         value = getattr(args, dest)
         field = _CONFIG_NAME.get(dest, dest)
-        if dest == "kernel_init_fixed_tau":
-            value = not value
         have = getattr(saved, field)
         if value != have:
             flag = action.option_strings[0]
@@ -368,7 +374,7 @@ def distill_command(args) -> int:
                              val_sentences=args.val_sentences, test_sentences=args.test_sentences,
                              max_len=args.max_len, seed=args.seed, progress=not args.quiet,
                              kernel_init={"scale": args.kernel_init_scale, "spread": args.kernel_init_spread,
-                                          "match_tau": not args.kernel_init_fixed_tau})
+                                          "match_tau": args.kernel_init_match_tau})
     print(experiment.markdown(results))
     if args.out:
         with open(args.out, "w") as fh:
@@ -442,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--out", default=None, help="also write the results as JSON")
-    kernel_init_args(s)
+    kernel_init_args(s, match_tau=True)  # distillation fits rows: the matched start measured better (docs/results.md 7b)
     s.add_argument("--quiet", action="store_true")
     return parser
 

@@ -8,23 +8,27 @@ exp(s^2 |q - k|^2 / (2 sqrt d)) / sqrt(m): at head size 16 with unit-variance qu
 keys, s = 1 leaves E[cos] near 0.02 against a per-feature spread near 0.7, so the
 attention weights start as noise. A smaller s trades temperature for signal:
 
-* Flexformer_n: tau = log(2 sqrt d / s^2) keeps the estimate unbiased for the softmax
-  kernel at a lower temperature, exp(s^2 q.k / sqrt d) (``match_tau=True``, the
-  default); the model's query and key projections can raise it back.
 * Flexformer_s has no tau: its norm factor stays exp(|x|^2 / (2 sqrt d)), so it starts
   as exp(s^2 q.k / sqrt d) times a key weight exp((1 - s^2) |k|^2 / (2 sqrt d)) (the
   query factor cancels in the normalisation).
+* Flexformer_n by default does the same (tau = log(2 sqrt d) whatever s is,
+  :data:`DEFAULT_MATCH_TAU`). ``match_tau=True`` sets tau = log(2 sqrt d / s^2) instead,
+  which keeps the estimate unbiased for the softmax kernel at a lower temperature,
+  exp(s^2 q.k / sqrt d): attention rows start nearly flat, and on the text and image
+  classification tasks Flexformer_n then learned far more slowly (docs/results.md);
+  distillation, which fits one layer's rows, measured better with it.
 
 Flexformer_n's pair starts apart by default: A = sqrt(1 - r^2) C + r Z1 and
 B = sqrt(1 - r^2) C + r Z2 with C, Z1, Z2 independent draws and r the ``spread``.
 Each of A and B keeps the law N(0, s^2 I / sqrt d); their rows have correlation
 rho = 1 - r^2, and the expected kernel at step 0 is
-(exp(s^2 q.k / sqrt d) + exp(rho s^2 q.k / sqrt d)) / 2 (matched tau): a mix of two softmax
-kernels whose temperatures differ by the factor rho. With A = B (``symmetric=True``,
+(exp(s^2 q.k / sqrt d) + exp(rho s^2 q.k / sqrt d)) / 2 with matched tau: a mix of two
+softmax kernels whose temperatures differ by the factor rho (with the default tau, the same
+mix times Flexformer_s's key weight). With A = B (``symmetric=True``,
 the exact old starting point) the loss is symmetric in A and B, which makes A = B a
 fixed point of gradient descent: the pair would never separate.
 
-The defaults (:data:`DEFAULT_SCALE`, :data:`DEFAULT_SPREAD`) were chosen by the sweep
+The defaults (:data:`DEFAULT_SCALE`, :data:`DEFAULT_SPREAD`, :data:`DEFAULT_MATCH_TAU`) were chosen by the sweep
 recorded in ``docs/results.md``. ``orthogonal=True`` draws orthogonal random features
 (rows orthogonal within each block of d, each row's norm redrawn so every row keeps the
 Gaussian law; Choromanski et al., 2021), which lowers the estimator's variance.
@@ -42,6 +46,9 @@ RngLike = Union[None, int, np.random.Generator]
 DEFAULT_SCALE = 0.3
 #: default spread r between Flexformer_n's omega1 and omega2 (0 = equal)
 DEFAULT_SPREAD = 0.6
+#: Flexformer_n's default tau: False keeps tau = log(2 sqrt d) at any scale (the norm factor
+#: of Flexformer_s); True matches it to the scale, tau = log(2 sqrt d / s^2)
+DEFAULT_MATCH_TAU = False
 
 
 def as_generator(rng: RngLike) -> np.random.Generator:
@@ -155,7 +162,7 @@ def flex_n_params(
     orthogonal: bool = False,
     scale: float = DEFAULT_SCALE,
     spread: float = DEFAULT_SPREAD,
-    match_tau: bool = True,
+    match_tau: bool = DEFAULT_MATCH_TAU,
     symmetric: bool = False,
     dtype=np.float64,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -176,7 +183,8 @@ def flex_n_params(
         ||omega1 - omega2|| / ||omega1|| is about sqrt(2) r. 0 gives omega1 = omega2.
     match_tau : bool, optional
         tau = log(2 sqrt d / s^2) (True: the symmetric kernel estimates
-        exp(s^2 q.k / sqrt d)) or log(2 sqrt d) whatever s is (False).
+        exp(s^2 q.k / sqrt d)) or log(2 sqrt d) whatever s is (False, the default
+        :data:`DEFAULT_MATCH_TAU`: the norm factor of Flexformer_s).
     symmetric : bool, optional
         The exact unbiased-softmax start of earlier versions: omega1 = omega2 drawn with
         s = 1 and tau = log(2 sqrt d); overrides ``scale``, ``spread`` and ``match_tau``.

