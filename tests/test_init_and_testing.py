@@ -39,7 +39,9 @@ def test_seeds_and_generators():
     np.testing.assert_allclose(tau, np.log(2 * 3.0))
     o1, o2, tau = ff.init.flex_n_params(3, 4, 9, rng=5, dtype=np.float32)  # the default start
     assert not np.array_equal(o1, o2)
-    np.testing.assert_allclose(tau, np.log(2 * 3.0 / ff.init.DEFAULT_SCALE ** 2), rtol=1e-6)
+    np.testing.assert_allclose(tau, np.log(2 * 3.0), rtol=1e-6)  # tau fixed at log(2 sqrt d)
+    _, _, matched = ff.init.flex_n_params(3, 4, 9, rng=5, dtype=np.float32, match_tau=True)
+    np.testing.assert_allclose(matched, np.log(2 * 3.0 / ff.init.DEFAULT_SCALE ** 2), rtol=1e-6)
     with pytest.raises(ValueError, match="num_features"):
         ff.init.flex_s_omega(2, 0, 3)
     with pytest.raises(TypeError, match="rng"):

@@ -145,7 +145,10 @@ def test_lra_suite_interrupted_keeps_finished_runs_and_continues_the_stopped_one
            "--seeds", "2", "--jobs", "2", "--data-dir", AUSTEN, "--fmnist-dir", str(fm), "--out", str(out),
            "--steps", "100000", "--eval-batches", "1", "--dim", "8", "--heads", "1", "--depth", "1",
            "--batch-size", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the suite whatever pytest inherited (a shell's background job
+    # starts with SIGINT ignored, and an ignored signal stays ignored across exec)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ckpt = out / "listops-elu-seed0" / "checkpoint.npz"
     deadline = time.time() + 300
     while not ckpt.exists() and time.time() < deadline:  # the first checkpoint: step 100
