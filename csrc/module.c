@@ -103,19 +103,27 @@ static PyArrayObject *to_array(PyObject *obj, const char *name, int typenum, int
 
 /* x * 0 is 0 for finite x and NaN for inf or NaN: a sum of them is NaN exactly when some
  * element is not finite, and it vectorises (an early-exit loop does not; this check runs
- * on every call, and a recurrent step's parameters are most of its input) */
+ * on every call, and a recurrent step's parameters are most of its input). FF_FINITE_LANES
+ * independent partial sums: one running sum would wait on each add's latency. */
+#define FF_FINITE_LANES 32
 #define DEFINE_ALL_FINITE(name, type)                           \
     static int name(const type *p, npy_intp n)                  \
     {                                                           \
-        type acc = 0;                                           \
-        _Pragma("omp simd reduction(+ : acc)")                  \
-        for (npy_intp i = 0; i < n; ++i)                       \
+        type lane[FF_FINITE_LANES] = {0}, acc = 0;              \
+        npy_intp i = 0;                                         \
+        for (; i + FF_FINITE_LANES <= n; i += FF_FINITE_LANES)  \
+            for (int j = 0; j < FF_FINITE_LANES; ++j)           \
+                lane[j] += p[i + j] * (type)0;                  \
+        for (; i < n; ++i)                                      \
             acc += p[i] * (type)0;                              \
+        for (int j = 0; j < FF_FINITE_LANES; ++j)               \
+            acc += lane[j];                                     \
         return acc == acc;                                      \
     }
 DEFINE_ALL_FINITE(all_finite_f32, float)
 DEFINE_ALL_FINITE(all_finite_f64, double)
 #undef DEFINE_ALL_FINITE
+#undef FF_FINITE_LANES
 
 static int check_finite(PyArrayObject *a, const char *name)
 {
