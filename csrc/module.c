@@ -267,8 +267,9 @@ static int prepare_param(attn_call *c, int i, PyObject *obj)
         Py_DECREF(a0);
         return -1;
     }
-    char shape_doc[192];
-    describe_axes(shape_doc, sizeof shape_doc, axes, c);
+    char shape_doc[192] = "";
+    if (PyArray_NDIM(a0) != (int)strlen(axes)) /* only the message needs it: a step is short */
+        describe_axes(shape_doc, sizeof shape_doc, axes, c);
     c->params[i] = to_array((PyObject *)a0, ps->name, c->typenum, (int)strlen(axes), shape_doc);
     Py_DECREF(a0);
     if (!c->params[i])
@@ -305,10 +306,9 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
 {
     const op_spec *sp = c->spec;
     const char *qn = sp->qname, *kn = sp->kname;
-    char qdoc[32], kdoc[32];
     const char *dsym = c->op == OP_linear ? "F" : "d";
-    snprintf(qdoc, sizeof qdoc, "(B, H, Nq, %s)", dsym);
-    snprintf(kdoc, sizeof kdoc, "(B, H, Nk, %s)", dsym);
+    const char *qdoc = c->op == OP_linear ? "(B, H, Nq, F)" : "(B, H, Nq, d)";
+    const char *kdoc = c->op == OP_linear ? "(B, H, Nk, F)" : "(B, H, Nk, d)";
     c->m = c->kp = c->L = -1;
     PyArrayObject *q0 = as_ndarray(q, qn);
     if (!q0)
@@ -454,10 +454,11 @@ static int prepare_carry(attn_call *c, PyObject *obj)
                         "bidirectional calls use return_key_state");
         return -1;
     }
-    char doc[96];
-    snprintf(doc, sizeof doc, "(B, H, S) = (%zd, %zd, %zd)", (Py_ssize_t)c->B, (Py_ssize_t)c->H,
-             (Py_ssize_t)key_state_size(c));
+    char doc[96]; /* written only for a message */
+#define FF_CARRY_DOC() snprintf(doc, sizeof doc, "(B, H, S) = (%zd, %zd, %zd)", (Py_ssize_t)c->B, \
+                                (Py_ssize_t)c->H, (Py_ssize_t)key_state_size(c))
     if (!PyArray_Check(obj)) {
+        FF_CARRY_DOC();
         PyErr_Format(PyExc_TypeError, "state must be a numpy array %s, updated in place; got %s", doc,
                      Py_TYPE(obj)->tp_name);
         return -1;
@@ -470,8 +471,11 @@ static int prepare_carry(attn_call *c, PyObject *obj)
         return -1;
     }
     if (PyArray_NDIM(a) != 3 || PyArray_DIM(a, 0) != c->B || PyArray_DIM(a, 1) != c->H ||
-        PyArray_DIM(a, 2) != key_state_size(c))
+        PyArray_DIM(a, 2) != key_state_size(c)) {
+        FF_CARRY_DOC();
         return shape_error(a, "state", doc);
+    }
+#undef FF_CARRY_DOC
     if (!PyArray_ISCARRAY(a)) {
         PyErr_SetString(PyExc_ValueError, "state must be C-contiguous, aligned and writeable (it is updated "
                         "in place)");

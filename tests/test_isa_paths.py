@@ -1,5 +1,7 @@
 """Every compiled instruction-set path of the dense products (and the GELU) gives the same results.
 
+The products include the few-row projection and a recurrent step's one-column and rank-1 paths.
+
 The kernels pick AVX-512, AVX2 or baseline code at run time; FLEXFORMER_CPU_LEVEL caps
 that choice, so each path this machine can run is checked in a subprocess against the
 float64 quadratic reference."""
@@ -26,6 +28,27 @@ for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-4)):
         got = ff.softmax_attention(q, k, v, causal=causal)
         want = ref.softmax_attention(q, k, v, causal=causal)
         assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want)), (dtype, causal)
+# few rows (the direct projection, a matrix times one vector), the one-column and rank-1
+# products of a recurrent step; d = 37 leaves a tail past the last whole vector
+from flexformer.recurrent import RecurrentAttention
+for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-4)):
+    for d in (7, 37):
+        qs, ks, vs = (rng.standard_normal((2, 3, 9, d)).astype(dtype) * 0.5 for _ in range(3))
+        o1, o2, tau = ff.init.flex_n_params(3, 11, d, rng=1, dtype=dtype)
+        w = ff.init.flex_s_omega(3, 13, d, rng=2, dtype=dtype)
+        for causal in (False, True):
+            got = ff.flex_n_attention(qs[:, :, :5], ks[:, :, :6], vs[:, :, :6], o1, o2, tau) if not causal else \
+                ff.flex_n_attention(qs[:, :, :5], ks[:, :, :5], vs[:, :, :5], o1, o2, tau, causal=True)
+            n = 5 if causal else 6
+            want = ref.flex_n_attention(qs[:, :, :5], ks[:, :, :n], vs[:, :, :n], o1, o2, tau, causal=causal)
+            assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want)), ("few rows", dtype, d, causal)
+        for kind, params in (("flex_n", {"omega1": o1, "omega2": o2, "tau": tau}), ("flex_s", {"omega": w})):
+            rec = RecurrentAttention(kind, params)
+            _, state = rec.prefill(qs[:, :, :8], ks[:, :, :8], vs[:, :, :8])
+            got = rec.step(state, qs[:, :, 8:], ks[:, :, 8:], vs[:, :, 8:])
+            full = (ref.flex_n_attention(qs, ks, vs, o1, o2, tau, causal=True) if kind == "flex_n"
+                    else ref.flex_s_attention(qs, ks, vs, w, causal=True))
+            assert np.max(np.abs(got - full[:, :, 8:])) <= tol * np.max(np.abs(full)), ("step", kind, dtype, d)
 x = [a.astype(np.float64) for a in (q[:1, :1, :70, :3], k[:1, :1, :70, :3], v[:1, :1, :70, :3])]
 W = ff.init.hedgehog_weights(1, 3, 5, rng=2)
 gradcheck(ff.hedgehog_attention, ff.hedgehog_attention_backward, (*x, W), kwargs={"causal": True})
