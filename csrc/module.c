@@ -1106,6 +1106,22 @@ static PyObject *py_isa_level(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(ff_isa_level());
 }
 
+/* all_finite(a): True or False for a C-contiguous float32/float64 array (the glue's own
+ * check), None for anything else (the caller asks NumPy instead) */
+static PyObject *py_all_finite(PyObject *self, PyObject *obj)
+{
+    (void)self;
+    if (!PyArray_Check(obj))
+        Py_RETURN_NONE;
+    PyArrayObject *a = (PyArrayObject *)obj;
+    const int t = PyArray_TYPE(a);
+    if ((t != NPY_FLOAT && t != NPY_DOUBLE) || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a))
+        Py_RETURN_NONE;
+    const int ok = t == NPY_FLOAT ? all_finite_f32((const float *)PyArray_DATA(a), PyArray_SIZE(a))
+                                  : all_finite_f64((const double *)PyArray_DATA(a), PyArray_SIZE(a));
+    return PyBool_FromLong(ok);
+}
+
 static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -1138,6 +1154,8 @@ static PyMethodDef methods[] = {
     {"buffer_cache_info", py_buffer_cache_info, METH_NOARGS, "the block cache's counters"},
     {"set_causal_cache", py_set_causal_cache, METH_O, "the causal backward's chunk-cache budget in MiB (0: off)"},
     {"isa_level", py_isa_level, METH_NOARGS, "x86-64 level of the code paths in use (0: no dispatch)"},
+    {"all_finite", py_all_finite, METH_O, "all_finite(a): whether a C-contiguous float array is all finite "
+     "(None for other arrays)"},
     {"causal_cache_limit", py_causal_cache_limit, METH_NOARGS, "the causal backward's chunk-cache budget in bytes"},
     {NULL, NULL, 0, NULL}};
 #undef KERNEL

@@ -243,6 +243,28 @@ def test_compare_with_no_seeds_or_failed_runs_is_an_error(tmp_path):
 
 # ------------------------------------------------------------ finite in, finite out (or an error)
 
+def test_the_overflow_check_sees_every_non_finite_entry_on_both_of_its_paths():
+    """check_overflow asks the C finiteness pass for C-contiguous float32/float64 results and
+    NumPy for any other array; each finds a single inf or NaN anywhere, and lets results
+    through whose inputs were not finite."""
+    from flexformer._C import all_finite
+    from flexformer._checks import check_overflow
+    for dtype in (np.float32, np.float64, np.float16):
+        for n in (1, 31, 32, 33, 1000):
+            for bad in (np.inf, -np.inf, np.nan):
+                for at in sorted({0, n // 2, n - 1}):
+                    x = np.ones(n, dtype)
+                    x[at] = bad
+                    for r in (x, np.stack([x, x], 1)[:, 0]):  # contiguous, then strided
+                        took = all_finite(r)
+                        assert took is (None if dtype == np.float16 or not r.flags.c_contiguous else False)
+                        with pytest.raises(FloatingPointError, match="f: the result overflowed"):
+                            check_overflow("f", r, (np.ones(2),), "hint")
+                        check_overflow("f", r, (np.array([1.0, bad]),), "hint")  # non-finite input: passes
+            assert all_finite(np.ones(n, dtype)) is (None if dtype == np.float16 else True)
+    assert all_finite([1.0]) is None and all_finite(np.ones((2, 3), np.float32).T) is None
+
+
 def test_overflow_with_finite_inputs_is_an_error_not_nan():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 2, 8, 4)).astype(np.float32) for _ in range(3))

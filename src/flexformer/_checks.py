@@ -3,6 +3,8 @@ from typing import Any
 
 import numpy as np
 
+from ._C import all_finite
+
 
 def check_bool(name: str, value: Any) -> bool:
     """``value`` as a bool; TypeError naming ``name`` unless it is a Python or NumPy bool."""
@@ -24,14 +26,17 @@ def check_real(name: str, value: Any, *, optional: bool = False):
 def check_overflow(function: str, results, inputs, hint: str) -> None:
     """FloatingPointError when a kernel's ``results`` hold NaN or inf although every array in
     ``inputs`` is finite: the computation overflowed the dtype. (NaN or inf in the inputs
-    pass through to the rows they reach, as documented.) One float64 sum per result on the
-    common path; the element-wise checks run only when a sum is not finite."""
+    pass through to the rows they reach, as documented.) One pass in C per result on the
+    common path (NumPy for arrays it does not take); the inputs are looked at only when a
+    result is not finite."""
     for r in results if isinstance(results, tuple) else (results,):
-        if not isinstance(r, np.ndarray) or r.dtype.kind != "f" or np.isfinite(np.add.reduce(r, axis=None,
-                                                                                            dtype=np.float64)):
+        if not isinstance(r, np.ndarray) or r.dtype.kind != "f":
             continue
-        if np.isfinite(r).all():
-            continue  # the float64 sum overflowed, the entries did not
+        finite = all_finite(r)
+        if finite is None:  # not a C-contiguous float32/float64 array
+            finite = bool(np.isfinite(np.add.reduce(r, axis=None, dtype=np.float64))) or bool(np.isfinite(r).all())
+        if finite:
+            continue
         if all(np.isfinite(np.asarray(a)).all() for a in inputs if a is not None):
             raise FloatingPointError(
                 f"{function}: the result overflowed {r.dtype} although every input is finite ({hint}); "
