@@ -101,29 +101,6 @@ static PyArrayObject *to_array(PyObject *obj, const char *name, int typenum, int
     return c;
 }
 
-/* x * 0 is 0 for finite x and NaN for inf or NaN: a sum of them is NaN exactly when some
- * element is not finite, and it vectorises (an early-exit loop does not; this check runs
- * on every call, and a recurrent step's parameters are most of its input). FF_FINITE_LANES
- * independent partial sums: one running sum would wait on each add's latency. */
-#define FF_FINITE_LANES 32
-#define DEFINE_ALL_FINITE(name, type)                           \
-    static int name(const type *p, npy_intp n)                  \
-    {                                                           \
-        type lane[FF_FINITE_LANES] = {0}, acc = 0;              \
-        npy_intp i = 0;                                         \
-        for (; i + FF_FINITE_LANES <= n; i += FF_FINITE_LANES)  \
-            for (int j = 0; j < FF_FINITE_LANES; ++j)           \
-                lane[j] += p[i + j] * (type)0;                  \
-        for (; i < n; ++i)                                      \
-            acc += p[i] * (type)0;                              \
-        for (int j = 0; j < FF_FINITE_LANES; ++j)               \
-            acc += lane[j];                                     \
-        return acc == acc;                                      \
-    }
-DEFINE_ALL_FINITE(all_finite_f32, float)
-DEFINE_ALL_FINITE(all_finite_f64, double)
-#undef DEFINE_ALL_FINITE
-#undef FF_FINITE_LANES
 
 static int check_finite(PyArrayObject *a, const char *name)
 {
@@ -1106,8 +1083,9 @@ static PyObject *py_isa_level(PyObject *self, PyObject *noargs)
     return PyLong_FromLong(ff_isa_level());
 }
 
-/* all_finite(a): True or False for a C-contiguous float32/float64 array (the glue's own
- * check), None for anything else (the caller asks NumPy instead) */
+/* all_finite(a): True or False for a C-contiguous float32/float64 array (the kernels'
+ * finiteness pass, as the argument checks use it), None for anything else (the caller asks
+ * NumPy instead) */
 static PyObject *py_all_finite(PyObject *self, PyObject *obj)
 {
     (void)self;
