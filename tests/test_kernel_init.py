@@ -76,6 +76,8 @@ def test_flex_n_starts_near_the_documented_kernel(scale, spread, match_tau):
     if not match_tau:
         norms = (q * q).sum(-1)[..., :, None] + (k * k).sum(-1)[..., None, :]
         want = want * np.exp((1 - scale ** 2) * norms / (2 * math.sqrt(d)))
+    np.testing.assert_allclose(ff.init.flex_n_expected_kernel(q, k, scale=scale, spread=spread, match_tau=match_tau),
+                               want, rtol=1e-12)
     np.testing.assert_allclose(got, want, rtol=0.03)
 
 
@@ -371,3 +373,15 @@ def test_default_tau_start_shapes_attention_rows_where_matched_tau_is_nearly_fla
         assert flat < 0.08 and shaped > 0.2, (seed, flat, shaped)
     default = ff.init.flex_n_params(H, m, d, rng=0)
     np.testing.assert_array_equal(default[2], ff.init.flex_n_params(H, m, d, rng=0, match_tau=False)[2])
+
+
+def test_expected_kernel_refuses_bad_input():
+    q = np.zeros((2, 3))
+    with pytest.raises(ValueError, match="same d"):
+        ff.init.flex_n_expected_kernel(q, np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="same d"):
+        ff.init.flex_n_expected_kernel(np.zeros(3), np.zeros(3))
+    with pytest.raises(ValueError, match="scale"):
+        ff.init.flex_n_expected_kernel(q, q, scale=0.0)
+    with pytest.raises(ValueError, match="spread"):
+        ff.init.flex_n_expected_kernel(q, q, spread=-1.0)

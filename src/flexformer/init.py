@@ -215,6 +215,44 @@ def flex_n_params(
     return omega1.astype(dt), omega2.astype(dt), tau
 
 
+def flex_n_expected_kernel(
+    q: np.ndarray,
+    k: np.ndarray,
+    *,
+    scale: float = DEFAULT_SCALE,
+    spread: float = DEFAULT_SPREAD,
+    match_tau: bool = DEFAULT_MATCH_TAU,
+) -> np.ndarray:
+    """The kernel a start of :func:`flex_n_params` estimates: its expectation over the draw.
+
+    ``(exp(t) + exp(rho t)) / 2`` with ``t = s^2 q.k / sqrt d`` and ``rho = 1 - r^2``,
+    times ``exp((1 - s^2) (|q|^2 + |k|^2) / (2 sqrt d))`` when tau is not matched (the query
+    factor cancels in attention rows; the key factor weights keys by length).
+
+    Parameters
+    ----------
+    q, k : ndarray (..., Nq, d) and (..., Nk, d)
+    scale, spread, match_tau
+        As for :func:`flex_n_params` (``symmetric=True`` is ``scale=1, spread=0,
+        match_tau=True``).
+
+    Returns
+    -------
+    ndarray (..., Nq, Nk), float64
+    """
+    scale, spread = check_scale(scale), check_spread(spread)
+    q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    if q.ndim < 2 or k.ndim < 2 or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must be (..., N, d) arrays with the same d, got shapes {q.shape} and {k.shape}")
+    root_d = np.sqrt(q.shape[-1])
+    t = scale * scale * np.einsum("...id,...jd->...ij", q, k) / root_d
+    kernel = 0.5 * (np.exp(t) + np.exp((1.0 - spread * spread) * t))
+    if not match_tau:
+        norms = (q * q).sum(-1)[..., :, None] + (k * k).sum(-1)[..., None, :]
+        kernel = kernel * np.exp((1.0 - scale * scale) * norms / (2.0 * root_d))
+    return kernel
+
+
 def performer_omega(
     num_heads: int,
     num_features: int,
