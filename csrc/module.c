@@ -101,13 +101,17 @@ static PyArrayObject *to_array(PyObject *obj, const char *name, int typenum, int
     return c;
 }
 
+/* The kernels' finiteness pass over a C-contiguous float32/float64 array. */
+static int array_all_finite(PyArrayObject *a)
+{
+    const npy_intp n = PyArray_SIZE(a);
+    return PyArray_TYPE(a) == NPY_FLOAT ? all_finite_f32((const float *)PyArray_DATA(a), (size_t)n)
+                                        : all_finite_f64((const double *)PyArray_DATA(a), (size_t)n);
+}
 
 static int check_finite(PyArrayObject *a, const char *name)
 {
-    const npy_intp n = PyArray_SIZE(a);
-    const int ok = PyArray_TYPE(a) == NPY_FLOAT ? all_finite_f32((const float *)PyArray_DATA(a), n)
-                                                : all_finite_f64((const double *)PyArray_DATA(a), n);
-    if (ok)
+    if (array_all_finite(a))
         return 0;
     PyErr_Format(PyExc_ValueError, "%s must be finite, but it contains NaN or inf", name);
     return -1;
@@ -1095,9 +1099,7 @@ static PyObject *py_all_finite(PyObject *self, PyObject *obj)
     const int t = PyArray_TYPE(a);
     if ((t != NPY_FLOAT && t != NPY_DOUBLE) || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a))
         Py_RETURN_NONE;
-    const int ok = t == NPY_FLOAT ? all_finite_f32((const float *)PyArray_DATA(a), PyArray_SIZE(a))
-                                  : all_finite_f64((const double *)PyArray_DATA(a), PyArray_SIZE(a));
-    return PyBool_FromLong(ok);
+    return PyBool_FromLong(array_all_finite(a));
 }
 
 static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
