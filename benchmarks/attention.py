@@ -78,6 +78,8 @@ def _aggregate(config, results):
     for key in ("check_rel_err", "compile_s"):  # torch.compile rows: the worst round
         if key in good[0]:
             row[key] = max(r[key] for r in good)
+    if "products" in good[0]:  # the product copy each round's process chose
+        row["products"] = sorted({r["products"] for r in good})
     return row
 
 
@@ -200,6 +202,8 @@ def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threa
         result.update(check, compile_s=compile_s)
         if not check["check_rel_err"] < 1e-3:
             raise SystemExit(f"{impl} differs from the C kernel: {check}")
+    if impl.startswith("ff_"):  # the product copy this process timed and chose (level 4)
+        result["products"] = ff.dense_paths()["products"]
     peak_kib = _memory_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result["peak_mib"] = (peak_kib - base_kib) / 1024.0
     return result
@@ -313,6 +317,9 @@ def main() -> int:
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     parser.add_argument("--quick", action="store_true", help="smoke run: N in {256, 512}, H=2, 2 repeats")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--modes", nargs="+", default=["bidir", "causal"], choices=["bidir", "causal"],
+                        help="attention modes to run (torch.compile of the causal form at N = 16384 "
+                        "compiles for many minutes: --modes bidir skips it)")
     parser.add_argument("--rounds", type=int, default=1, help="run every configuration this many times, "
                         "interleaved by size, and report the median over rounds (tames machine drift)")
     args = parser.parse_args()
@@ -334,16 +341,19 @@ def main() -> int:
     def save(extra=None):
         record = {"config": {"B": 1, "H": args.heads, "d": args.head_dim, "e": args.head_dim, "m": args.head_dim,
                              "dtype": "float32", "threads": args.threads, "repeats": args.repeats,
-                             "cpu": _cpu_name(), "isa_level": _isa_level(), "torch": _torch_version()},
+                             "cpu": _cpu_name(), "isa_level": _isa_level(), "dense_paths": _dense_paths(),
+                             "torch": _torch_version()},
                   "rows": rows, "targets": TARGETS}
         record.update(extra or {})
         with open(json_path, "w") as fh:
             json.dump(record, fh, indent=2)
 
     print(f"machine: {_cpu_name()}, kernel ISA level {_isa_level()} (FLEXFORMER_CPU_LEVEL caps it), "
+          f"dense copies {_dense_paths()} (each worker times its own: 'products' in its row), "
           f"{args.threads} threads, torch {_torch_version()}")
     configs = [(impl, causal, N) for impl in args.impls if have_torch or not IMPLS[impl][1]
-               for causal in ([False] if IMPLS[impl][0] == "bidir" else [False, True]) for N in args.sizes]
+               for causal in ([False] if IMPLS[impl][0] == "bidir" else [False, True])
+               if ("causal" if causal else "bidir") in args.modes for N in args.sizes]
     if args.rounds > 1:
         # size-major order: an implementation and its peers run next to each other in time,
         # and every configuration once per round, so slow drift of the machine hits all alike
@@ -436,6 +446,11 @@ def _cpu_name() -> str:
 def _isa_level() -> int:
     import flexformer as ff
     return ff.isa_level()
+
+
+def _dense_paths() -> dict:
+    import flexformer as ff
+    return ff.dense_paths()
 
 
 def _torch_version():

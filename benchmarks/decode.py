@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     rows = []
     print(f"time per generated token (ms) and state memory per layer, B={B} H={H} d=e={D} m={M} float32, "
-          f"{ff.get_num_threads()} threads, kernel ISA level {ff.isa_level()}")
+          f"{ff.get_num_threads()} threads, kernel ISA level {ff.isa_level()}, dense copies {ff.dense_paths()}")
     print(f"{'kind':10s} {'context':>8s} {'ms/token':>9s} {'state':>10s}")
     for kind in args.kinds.split(","):
         params = ff.get_attention(kind).init(H, D, num_features=M, rng=0, dtype=np.float32)
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     name = "decode-quick.json" if args.quick else "decode.json"
     with open(os.path.join(args.out, name), "w") as fh:
-        json.dump({"machine": os.uname().machine, "isa_level": ff.isa_level(), "threads": ff.get_num_threads(),
+        json.dump({"machine": os.uname().machine, "isa_level": ff.isa_level(), "dense_paths": ff.dense_paths(), "threads": ff.get_num_threads(),
                    "rows": rows}, fh, indent=1)
     print(f"wrote {os.path.join(args.out, name)}")
     return 0

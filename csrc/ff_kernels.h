@@ -19,6 +19,7 @@
 int ff_openmp_enabled(void);
 /* x86-64 level of the code paths in use: 2, 3, 4, or 0 without run-time dispatch */
 int ff_isa_level(void);
+int ff_wide_copies(int use_double);
 int ff_max_threads(void);
 
 /* One attention call in a kind-independent form; arrays are float or double by the

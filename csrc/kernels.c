@@ -83,6 +83,21 @@ int ff_isa_level(void)
 #endif
 }
 
+/* Which copy runs the dense products for a dtype (dense.inc): 1 AVX-512, 0 the one its
+ * level implies (timed once on first use at level 4); -1 the plain loops (FF_PLAIN_DENSE),
+ * -2 the baseline copy only (no run-time dispatch). */
+int ff_wide_copies(int use_double)
+{
+    (void)use_double;
+#if !defined(__GNUC__) || defined(FF_PLAIN_DENSE)
+    return -1;
+#elif FF_X86_DISPATCH
+    return use_double ? wide_copies_f64() : wide_copies_f32();
+#else
+    return -2;
+#endif
+}
+
 void ff_set_causal_cache_bytes(size_t bytes)
 {
     ff_causal_cache_limit = bytes;

@@ -3,7 +3,8 @@
 The products include the few-row projection and a recurrent step's one-column and rank-1 paths.
 
 The kernels pick AVX-512, AVX2 or baseline code at run time; FLEXFORMER_CPU_LEVEL caps
-that choice, so each path this machine can run is checked in a subprocess against the
+that choice (and FLEXFORMER_TILES picks between the AVX-512 and AVX2 product copies at
+level 4), so each path this machine can run is checked in a subprocess against the
 float64 quadratic reference."""
 import os
 import subprocess
@@ -66,9 +67,68 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("level", ["2", "3", "4"])
-def test_instruction_set_path(level):
-    env = dict(os.environ, FLEXFORMER_CPU_LEVEL=level)
+@pytest.mark.parametrize("level,tiles", [("2", ""), ("3", ""), ("4", "avx2"), ("4", "avx512")])
+def test_instruction_set_path(level, tiles):
+    env = dict(os.environ, FLEXFORMER_CPU_LEVEL=level, FLEXFORMER_TILES=tiles)
     out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+# Results of a forward and backward pass of every mode, a few-row call and a recurrent step
+# in both dtypes, as one hash of their bytes
+RESULTS = r"""
+import hashlib, numpy as np, flexformer as ff
+from flexformer.recurrent import RecurrentAttention
+rng = np.random.default_rng(3)
+h = hashlib.sha256()
+for dtype in (np.float32, np.float64):
+    q, k, v, do = (rng.standard_normal((2, 3, 133, 37)).astype(dtype) * 0.5 for _ in range(4))
+    o1, o2, tau = ff.init.flex_n_params(3, 19, 37, rng=1, dtype=dtype)
+    w = ff.init.flex_s_omega(3, 19, 37, rng=2, dtype=dtype)
+    for causal in (False, True):
+        for f, g, p in ((ff.flex_n_attention, ff.flex_n_attention_backward, (o1, o2, tau)),
+                        (ff.flex_s_attention, ff.flex_s_attention_backward, (w,))):
+            h.update(f(q, k, v, *p, causal=causal).tobytes())
+            for a in g(do, q, k, v, *p, causal=causal):
+                h.update(a.tobytes())
+    rec = RecurrentAttention("flex_n", {"omega1": o1, "omega2": o2, "tau": tau})
+    out, state = rec.prefill(q[:, :, :100], k[:, :, :100], v[:, :, :100])
+    h.update(out.tobytes())
+    for t in range(100, 104):
+        h.update(rec.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]).tobytes())
+print(ff.dense_paths()["products"], h.hexdigest())
+"""
+
+
+def test_product_copies_give_bit_identical_results():
+    """Level 4 times its AVX-512 and AVX2 product copies once and runs the faster: the choice
+    must not change a single bit of any result (FLEXFORMER_TILES forces either)."""
+    import flexformer as ff
+
+    if ff.isa_level() < 4:
+        pytest.skip("this CPU has no AVX-512: one product copy only")
+    got = {}
+    for tiles in ("avx2", "avx512", ""):
+        env = dict(os.environ, FLEXFORMER_TILES=tiles)
+        env.pop("FLEXFORMER_CPU_LEVEL", None)
+        out = subprocess.run([sys.executable, "-c", RESULTS], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        got[tiles] = out.stdout.split()
+    assert got["avx2"][0] == "avx2" and got["avx512"][0] == "avx512"
+    assert got[""][0] in ("avx2", "avx512")  # the timed choice
+    assert got["avx2"][1] == got["avx512"][1] == got[""][1]
+
+
+def test_dense_paths_names_and_bad_dtype():
+    import numpy as np
+
+    import flexformer as ff
+
+    for dtype in (np.float32, np.float64):
+        paths = ff.dense_paths(dtype)
+        assert set(paths) == {"products", "row_dots"}
+        assert paths["products"] in ("avx512", "avx2", "base", "plain")
+        assert paths["row_dots"] in ("avx2", "base", "plain")
+    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+        ff.dense_paths(np.int32)

@@ -99,6 +99,30 @@ def isa_level() -> int:
     return int(_C.isa_level())
 
 
+def dense_paths(dtype=np.float32) -> dict:
+    """The code copies that run the kernels' dense products and their row dots (a matrix
+    times one vector: a recurrent step's projections) for ``dtype``: ``"avx512"``,
+    ``"avx2"``, ``"base"`` or ``"plain"``. At level 4 the products have an AVX-512 and an
+    AVX2 copy; the first product in a process times both on blocks of the kernels' shapes
+    and keeps the faster (the two give bit-identical results); ``FLEXFORMER_TILES=avx2`` or
+    ``avx512`` decides instead. Benchmarks print it beside their timings.
+
+    Parameters
+    ----------
+    dtype : numpy dtype, optional
+        float32 (default) or float64: each dtype is timed on its own.
+    """
+    dt = np.dtype(dtype)
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    copies = int(_C.dense_copies(dt == np.float64))
+    if copies < 0:  # -1: the plain loops (FF_PLAIN_DENSE build), -2: no run-time dispatch
+        name = "plain" if copies == -1 else "base"
+        return {"products": name, "row_dots": name}
+    narrow = "avx2" if isa_level() >= 3 else "base"
+    return {"products": "avx512" if copies else narrow, "row_dots": narrow}
+
+
 _budget_from_environment("FLEXFORMER_BUFFER_CACHE_MIB", set_buffer_cache)
 _budget_from_environment("FLEXFORMER_CAUSAL_CACHE_MIB", set_causal_cache)
 
@@ -136,6 +160,7 @@ __all__ = [
     "set_buffer_cache",
     "causal_cache_limit",
     "isa_level",
+    "dense_paths",
     "set_causal_cache",
     "data",
     "init",
