@@ -101,7 +101,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"(default {d.batch_size})")
     p.add_argument("--lr", type=float, default=d.lr,
                    help=f"peak learning rate (default {d.lr}, chosen on ListOps; the 1,000-step text-lm improved up to "
-                        "5e-3, the largest tried, for every kind measured: docs/results.md section 12b)")
+                        "5e-3, the largest tried, for softmax, performer and flex_n: docs/results.md section 12b)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
     p.add_argument("--seed", type=int, default=d.seed)
