@@ -284,3 +284,21 @@ def test_overflow_with_finite_inputs_is_an_error_not_nan():
     q[0, 1, 3, 0] = np.nan
     out = ff.flex_n_attention(q, k, v, o1, o2, tau)
     assert np.isnan(out[0, 1, 3]).all() and np.isfinite(np.delete(out[0, 1], 3, axis=0)).all()
+
+
+def test_the_learning_rate_defaults_per_task_and_a_given_or_saved_one_wins():
+    from flexformer.__main__ import _config_from, build_parser
+    from flexformer.training import TASK_DEFAULT_LR, TASKS
+
+    assert tuple(TASK_DEFAULT_LR) == TASKS
+    for task, lr in TASK_DEFAULT_LR.items():
+        assert TrainConfig(task=task).lr == lr
+        args = build_parser().parse_args(["train", "--task", task])
+        assert _config_from(args).lr == lr
+    assert TASK_DEFAULT_LR["text-lm"] != TASK_DEFAULT_LR["listops"]  # the measured exception
+    args = build_parser().parse_args(["train", "--task", "text-lm", "--lr", "1e-3"])
+    assert _config_from(args).lr == 1e-3
+    # a text-lm run saved before the per-task default resumes at the rate it was trained with
+    assert TrainConfig.from_saved({"task": "text-lm", "lr": 1e-3}).lr == 1e-3
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got True"):
+        TrainConfig(lr=True).validate()

@@ -80,7 +80,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from .training import TASKS, TrainConfig
+    from .training import TASK_DEFAULT_LR, TASKS, TrainConfig
 
     d = TrainConfig()
     p.add_argument("--task", default=d.task, help=f"one of {', '.join(TASKS)} (default {d.task})")
@@ -99,9 +99,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help=f"training steps (default {d.steps}; with --resume: a new total)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"(default {d.batch_size})")
-    p.add_argument("--lr", type=float, default=d.lr,
-                   help=f"peak learning rate (default {d.lr}, chosen on ListOps; the 1,000-step text-lm improved up to "
-                        "5e-3, the largest tried, for softmax, performer and flex_n: docs/results.md section 12b)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: the task's, " + ", ".join(
+                       f"{t} {lr:g}" for t, lr in TASK_DEFAULT_LR.items()) + "; docs/results.md section 13)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
     p.add_argument("--seed", type=int, default=d.seed)

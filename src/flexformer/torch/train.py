@@ -52,7 +52,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split over processes)")
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the task's, "
+                   "flexformer.training.TASK_DEFAULT_LR)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--clip", type=float, default=d.clip)
