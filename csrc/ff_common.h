@@ -21,8 +21,16 @@ enum ff_status {
     FF_OK = 0,
     FF_ERR_NOMEM = 1,    /* a workspace allocation failed */
     FF_ERR_SIZE = 2,     /* a size product overflows size_t */
-    FF_ERR_ARG = 3       /* an argument the caller should have validated */
+    FF_ERR_ARG = 3,      /* an argument the caller should have validated */
+    FF_NONFINITE_FEATURES = 4 /* a checked continuation (FF_STEP_ROWS) met features that are
+                               * not finite and left its state as it was */
 };
+
+/* A causal forward that continues a carried state over at most this many rows (a recurrent
+ * step) may be asked to check that its rows' features are finite before the state moves,
+ * in place of the glue's pass over every frequency of the trig kinds (see
+ * linattn_run.inc). */
+#define FF_STEP_ROWS 8
 
 /* a * b, or report overflow through *ok (left untouched when fine). */
 static inline size_t ff_mul(size_t a, size_t b, int *ok)

@@ -36,6 +36,8 @@ typedef struct {
     const uint8_t *key_mask;   /* (B,Nk) or NULL */
     size_t B, H, Nq, Nk, d, e, m, kp, Nmax, nEF;
     int causal, nthreads;
+    int check_features;        /* trig kinds' causal continuation of <= FF_STEP_ROWS rows: check
+                                * the features instead of the frequencies (FF_NONFINITE_FEATURES) */
     double eps, scale;         /* linear kinds' guard; softmax kinds' logit scale */
 } ff_attention_args;
 

@@ -15,16 +15,19 @@
  *             sizes the key state of the linear kinds
  *   grads_doc what the backward returns, for the method's docstring
  *   refusal   NULL, or why causal=True is refused
- *   params    up to three P(name, axes) / PA(name, axes, alt_axes) entries in parentheses;
- *             axis letters: H heads, d head size, m features, p projected length,
- *             L maximum length (module.c, prepare_param) */
+ *   params    up to three P(name, axes) / PA(name, axes, alt_axes) / PT(name, axes) entries
+ *             in parentheses; axis letters: H heads, d head size, m features, p projected
+ *             length, L maximum length (module.c, prepare_param). PT marks the frequencies
+ *             of a trig map: a NaN or inf in them makes a feature NaN (sin and cos of a
+ *             non-finite angle), so a recurrent step checks its features instead
+ *             (FF_STEP_ROWS) */
 #ifndef FF_KINDS_H
 #define FF_KINDS_H
 
 #define FF_KINDS(X)                                                                          \
-    X(flex_s, "q", "k", 1, 1, 2 * m, "(dq, dk, dv, domega)", NULL, (P("omega", "Hmd")))     \
+    X(flex_s, "q", "k", 1, 1, 2 * m, "(dq, dk, dv, domega)", NULL, (PT("omega", "Hmd")))    \
     X(flex_n, "q", "k", 3, 1, 2 * m, "(dq, dk, dv, domega1, domega2, dtau)", NULL,          \
-      (P("omega1", "Hmd") P("omega2", "Hmd") P("tau", "H")))                                \
+      (PT("omega1", "Hmd") PT("omega2", "Hmd") P("tau", "H")))                              \
     X(performer, "q", "k", 0, 1, m, "(dq, dk, dv)", NULL, (P("omega", "Hmd")))              \
     X(hedgehog, "q", "k", 1, 1, 2 * m, "(dq, dk, dv, dW)", NULL, (P("W", "Hdm")))           \
     X(taylor, "q", "k", 0, 1, 1 + d + d * d, "(dq, dk, dv)", NULL, ())                      \

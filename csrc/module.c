@@ -154,6 +154,7 @@ typedef struct {
     const char *axes;     /* e.g. "Hmd"; */
     const char *alt_axes; /* another accepted layout, or NULL */
     int finite;           /* must hold only finite values */
+    int trig;             /* a trig map's frequencies (kinds.h, PT) */
 } param_spec;
 
 typedef struct {
@@ -167,8 +168,9 @@ typedef struct {
 } op_spec;
 
 /* Each kind's row, from kinds.h; nparams is counted at import (count_params). */
-#define P(name, axes) {name, axes, NULL, 1},
-#define PA(name, axes, alt) {name, axes, alt, 1},
+#define P(name, axes) {name, axes, NULL, 1, 0},
+#define PA(name, axes, alt) {name, axes, alt, 1, 0},
+#define PT(name, axes) {name, axes, NULL, 1, 1},
 #define FF_UNPAREN(...) __VA_ARGS__
 #define X(name, qn, kn, ngrads, linear, F, grads_doc, refusal, params)                      \
     [OP_##name] = {qn, kn, 0, {FF_UNPAREN params{NULL, NULL, NULL, 0}}, ngrads, linear,    \
@@ -177,6 +179,7 @@ static op_spec OPS[] = {FF_KINDS(X)};
 #undef X
 #undef P
 #undef PA
+#undef PT
 
 static void count_params(void)
 {
@@ -194,6 +197,9 @@ typedef struct {
     PyArrayObject *key_state; /* backward: the forward's key state; causal forward: the
                                * carried state, updated in place; or NULL */
     int want_key_state;       /* forward: also return the key state */
+    int step;                 /* a causal forward given state= (a recurrent continuation) */
+    unsigned deferred;        /* bit i: parameter i's finiteness is left to the kernel's
+                               * check of the features (a step; see prepare_param) */
     npy_intp B, H, Nq, Nk, d, e, m, kp, L;
 } attn_call;
 
@@ -276,6 +282,16 @@ static int prepare_param(attn_call *c, int i, PyObject *obj)
         PyErr_Format(PyExc_ValueError, "%s must have at least one %s, got 0", ps->name,
                      strchr(axes, 'm') ? "feature (m >= 1)" : "projected row (kp >= 1)");
         return -1;
+    }
+    /* A recurrent step's cost would be mostly this pass over every frequency (256 KiB for
+     * flex_n at H = 8, d = m = 64). A non-finite frequency makes some feature of every call
+     * NaN (sin and cos of a non-finite angle), so a step of a trig kind asks the kernel to
+     * check its features before its state moves, and looks here only if they are not
+     * finite (attn_call_execute). */
+    if (ps->finite && ps->trig && c->step && c->causal && !c->backward && c->B >= 1 && c->Nq >= 1 &&
+        c->Nq <= FF_STEP_ROWS) {
+        c->deferred |= 1u << i;
+        return 0;
     }
     if (ps->finite && check_finite(a, ps->name) < 0)
         return -1;
@@ -572,6 +588,7 @@ static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void *ks
     a.Nmax = c->L > 0 ? (size_t)c->L : 0;
     a.nEF = c->params[0] && PyArray_NDIM(c->params[0]) == 3 ? a.H : 1;
     a.causal = c->causal;
+    a.check_features = c->deferred != 0;
     a.nthreads = KERNEL_THREADS();
     a.eps = c->eps;
     a.scale = c->scale;
@@ -628,6 +645,17 @@ static PyObject *attn_call_execute(attn_call *c)
     Py_BEGIN_ALLOW_THREADS
     status = attn_call_run(c, out, guard, ks, g);
     Py_END_ALLOW_THREADS
+    if (status == FF_NONFINITE_FEATURES) {
+        /* the state has not moved: a non-finite frequency is named as always; otherwise the
+         * inputs (or an overflow) made the features non-finite, which runs as before */
+        for (int i = 0; i < c->spec->nparams; ++i)
+            if (((c->deferred >> i) & 1u) && check_finite(c->params[i], c->spec->params[i].name) < 0)
+                goto cleanup;
+        c->deferred = 0;
+        Py_BEGIN_ALLOW_THREADS
+        status = attn_call_run(c, out, guard, ks, g);
+        Py_END_ALLOW_THREADS
+    }
     if (status_to_exception(status) < 0)
         goto cleanup;
     if (!c->backward && !c->spec->linear) {
@@ -733,6 +761,7 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
         return NULL;
     }
     c.want_key_state = want_key_state == Py_True;
+    c.step = carry != Py_None;
     c.eps = 1e-4;
     if (eps) {
         c.eps = PyFloat_AsDouble(eps);

@@ -332,3 +332,48 @@ def test_kernel_state_argument_is_checked():
         _C.flex_s_forward(q2, k, v, om, causal=True, state=big[2:2 + st.size].reshape(st.shape))
     _C.flex_s_forward(q2, k, v, om, causal=True, state=st2)  # adjacent is fine
     np.testing.assert_array_equal(q2, q)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind,name", [("flex_n", "omega1"), ("flex_n", "omega2"), ("flex_s", "omega")])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_step_with_a_non_finite_frequency_raises_and_keeps_its_state(kind, name, bad, dtype, threads):
+    """A step (a causal continuation of <= 8 rows) checks its features rather than every
+    frequency; a non-finite frequency is still named, and the state has not moved. One bad
+    element in the last head, where q and k are zero on its column (inf * 0 = NaN too)."""
+    rec, q, k, v = _setup(kind, dtype, B=2, H=3, N=12)
+    _, state = rec.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    before = state.packed.copy()
+    params = {n: a.copy() for n, a in rec.params.items()}
+    params[name][2, 1, 4] = bad
+    q2, k2 = q.copy(), k.copy()
+    q2[..., 4] = 0
+    k2[..., 4] = 0
+    broken = RecurrentAttention(kind, params)
+    for rows in (1, 4):
+        with pytest.raises(ValueError, match=f"{name} must be finite"):
+            broken.step(state, q2[:, :, 8:8 + rows], k2[:, :, 8:8 + rows], v[:, :, 8:8 + rows])
+        np.testing.assert_array_equal(state.packed, before)
+        assert state.tokens == 8
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s"])
+def test_a_step_with_non_finite_inputs_runs_as_before(kind, dtype, threads):
+    """Non-finite queries or keys (not parameters) make the checked features non-finite;
+    the step then runs as the unchecked kernel does: NaN reaches the rows it touches."""
+    rec, q, k, v = _setup(kind, dtype, B=1, H=2, N=10)
+    _, state = rec.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    clean = state.copy()
+    want = rec.step(clean, q[:, :, 8:9], k[:, :, 8:9], v[:, :, 8:9])
+    qn = q[:, :, 8:9].copy()
+    qn[0, 1, 0, 2] = np.nan  # head 1's query only: its output row is NaN, the state as without it
+    got = rec.step(state, qn, k[:, :, 8:9], v[:, :, 8:9])
+    assert np.isnan(got[0, 1]).all()
+    np.testing.assert_array_equal(got[0, 0], want[0, 0])
+    np.testing.assert_array_equal(state.packed, clean.packed)
+    kn = k[:, :, 9:10].copy()
+    kn[0, 0, 0, 1] = np.inf  # a non-finite key enters head 0's state, as documented
+    rec.step(state, q[:, :, 9:10], kn, v[:, :, 9:10])
+    assert not np.isfinite(state.S[0, 0]).all() and np.isfinite(state.S[0, 1]).all()
+    assert state.tokens == 10
