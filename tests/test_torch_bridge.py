@@ -135,13 +135,13 @@ def test_empty_sequences(backend):
 # ------------------------------------------------------------- checkpoints
 
 
-@pytest.mark.parametrize("task,attention_kind", [("text-lm", "flex_n"), ("listops", "flex_s"),
-                                                 ("listops", "hedgehog"), ("text-lm", "softmax"),
-                                                 ("listops", "performer")])
+@pytest.mark.parametrize("task,attention_kind,short_conv", [
+    ("text-lm", "flex_n", 0), ("listops", "flex_s", 0), ("listops", "hedgehog", 0), ("text-lm", "softmax", 0),
+    ("listops", "performer", 0), ("text-lm", "flex_n", 4), ("listops", "flex_n", 3)])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_numpy_checkpoint_into_torch_and_back(tmp_path, task, attention_kind, dtype):
+def test_numpy_checkpoint_into_torch_and_back(tmp_path, task, attention_kind, short_conv, dtype):
     cfg = TrainConfig(task=task, attention=attention_kind, dim=16, depth=2, heads=2, seq_len=24, dtype=dtype,
-                      positional="sinusoidal" if task == "text-lm" else "learned", seed=3)
+                      positional="sinusoidal" if task == "text-lm" else "learned", seed=3, short_conv=short_conv)
     vocab, classes = (256, None) if task == "text-lm" else (20, 10)
     np_model = model_for_config(cfg, vocab, classes, 24)
     rng = np.random.default_rng(0)
@@ -243,6 +243,27 @@ def test_torch_trainer_refuses_a_folder_holding_a_run(tmp_path):
     assert (run / "checkpoint.npz").read_bytes() == before
     assert subprocess.run(base + ["--seed", "3", "--overwrite"], capture_output=True).returncode == 0
     assert json.loads((run / "metrics.json").read_text())["config"]["seed"] == 3
+
+
+def test_torch_trainer_with_short_convolutions_writes_a_numpy_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    args = ["--steps", "3", "--seq-len", "32", "--dim", "16", "--heads", "2", "--depth", "1", "--eval-batches",
+            "1", "--threads", "1", "--short-conv", "3", "--dtype", "float64"]
+    _run_train(args, run, 1)
+    np_model, cfg, _ = load_model(str(run))
+    assert cfg.short_conv == 3
+    taps = np_model.parameters()["backbone.blocks.0.attn.conv_k.w"]
+    start = np.zeros((3, 16))
+    start[0] = 1  # the identity the convolution starts as
+    assert taps.shape == (3, 16) and np.abs(taps - start).max() > 1e-4  # trained by torch
+    model, _ = from_numpy_checkpoint(str(run))
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 16, (2, 32))
+    mask = np.ones((2, 32), bool)
+    mask[0, 20:] = False
+    with torch.no_grad():
+        got = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(got, np_model.forward(ids, mask), rtol=1e-10, atol=1e-12)
 
 
 def test_checkpoint_from_the_train_command_loads_into_torch(tmp_path):

@@ -119,6 +119,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learn-scale", action="store_true",
                    help="multiply queries and keys by a learned factor per head before the kernel (for "
                         "flex_s: a learned bandwidth, as tau is for flex_n)")
+    p.add_argument("--short-conv", type=int, default=d.short_conv, metavar="WIDTH",
+                   help="width of a causal depthwise convolution on queries, keys and values after their "
+                        "projections (a local window for the linear kinds); 0 = none (default "
+                        f"{d.short_conv})")
     p.add_argument("--diagnostics-every", type=int, default=d.diagnostics_every,
                    help=f"steps between per-layer kernel diagnostics in diagnostics.jsonl; 0 = off "
                         f"(default {d.diagnostics_every})")
@@ -160,7 +164,7 @@ def _config_from(args):
                        kernel_init_spread=args.kernel_init_spread,
                        kernel_init_match_tau=args.kernel_init_match_tau, diagnostics_every=args.diagnostics_every,
                        kernel_lr_scale=args.kernel_lr_scale, attention_eps=args.attention_eps,
-                       qk_norm=args.qk_norm, learn_scale=args.learn_scale)
+                       qk_norm=args.qk_norm, learn_scale=args.learn_scale, short_conv=args.short_conv)
 
 
 #: train flags that may differ from a resumed run's saved configuration (runtime only, or

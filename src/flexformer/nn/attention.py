@@ -8,7 +8,7 @@ import numpy as np
 from ..attention import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
-from .core import MLP, LayerNorm, Linear, Module, Parameter
+from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv
 
 LINFORMER_SHARING = ("none", "headwise", "key-value", "layerwise")
 
@@ -47,6 +47,11 @@ class MultiHeadAttention(Module):
         the model starts as without it). For flex_s this learns the kernel's bandwidth, as
         tau learns flex_n's norm scale; for softmax it is a learned temperature. Not
         together with ``qk_norm`` (which has its own learned length).
+    short_conv : int
+        0 (default) or a width >= 2: queries, keys and values each pass through a causal
+        depthwise convolution of that width along the sequence (:class:`ShortConv`, starting
+        as the identity) after their projection, so every position also sees the few
+        positions before it. Padded positions (``key_mask`` False) enter it as zeros.
     kernel_init : dict, optional
         Initialisation options of the kind (``AttentionKind.init_options``, e.g.
         ``{"scale": 0.3, "spread": 0.3}``); options the kind does not take are ignored, so
@@ -57,8 +62,12 @@ class MultiHeadAttention(Module):
                  causal: bool = False, max_len: int = 512, num_features: Optional[int] = None,
                  linformer_sharing: str = "none", shared: Optional[Dict[str, Parameter]] = None,
                  kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
-                 qk_norm: bool = False, learn_scale: bool = False, dtype=np.float32):
+                 qk_norm: bool = False, learn_scale: bool = False, short_conv: int = 0,
+                 dtype=np.float32):
         super().__init__()
+        if isinstance(short_conv, bool) or not isinstance(short_conv, (int, np.integer)) or \
+                short_conv < 0 or short_conv == 1:
+            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {short_conv!r}")
         if qk_norm and learn_scale:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
                              "choose one")
@@ -76,6 +85,8 @@ class MultiHeadAttention(Module):
         self.k = self.add_child("k", Linear(dim, dim, rng, dtype=dtype))
         self.v = self.add_child("v", Linear(dim, dim, rng, dtype=dtype))
         self.o = self.add_child("o", Linear(dim, dim, rng, dtype=dtype))
+        self.convs = [self.add_child(f"conv_{name}", ShortConv(dim, int(short_conv), dtype=dtype))
+                      if short_conv else None for name in "qkv"]
         options = {k: v for k, v in (kernel_init or {}).items() if k in self.kind.init_options}
         init = self.kind.init(num_heads, self.dh, num_features=num_features, max_len=max_len, rng=rng,
                               dtype=dtype, **options)
@@ -143,13 +154,35 @@ class MultiHeadAttention(Module):
         unit = y / gain
         return (gain / norm) * (dy - unit * (unit * dy).sum(-1, keepdims=True))
 
-    def _project(self, x: np.ndarray):
-        q, k, v = (self._split(layer.forward(x)) for layer in (self.q, self.k, self.v))
+    def _project(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None, tails=None):
+        """Queries, keys, values (B, H, N, dh) and the norms of ``_normalise``. With short
+        convolutions, ``tails`` continues a decoded sequence and ``self._conv_in`` keeps
+        the convolutions' inputs (for the next tails)."""
+        heads, self._conv_in = [], []
+        for i, (layer, conv) in enumerate(zip((self.q, self.k, self.v), self.convs)):
+            y = layer.forward(x)
+            if conv is not None:
+                if key_mask is not None:  # padding enters the window as zeros
+                    y = y * np.asarray(key_mask, y.dtype)[..., None]
+                self._conv_in.append(y)
+                y = conv.forward(y, None if tails is None else tails[i])
+            heads.append(self._split(y))
+        q, k, v = heads
         (q, qn), (k, kn) = self._normalise(q), self._normalise(k)
         return q, k, v, qn, kn
 
+    def _next_tails(self, tails):
+        return [conv.next_tail(y, tail) for conv, y, tail in zip(self.convs, self._conv_in, tails)]
+
+    def _conv_backward(self, i: int, dy: np.ndarray) -> np.ndarray:
+        conv = self.convs[i]
+        if conv is None:
+            return dy
+        dy = conv.backward(dy)
+        return dy if self._mask is None else dy * np.asarray(self._mask, dy.dtype)[..., None]
+
     def forward(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
-        self._q, self._k, self._v, self._qn, self._kn = self._project(x)
+        self._q, self._k, self._v, self._qn, self._kn = self._project(x, key_mask)
         self._mask = key_mask
         self._key_state = None
         self.guard_count = None
@@ -187,9 +220,9 @@ class MultiHeadAttention(Module):
                 self.kernel[name].grad += g
         dq = self._normalise_backward(dq, self._q, self._qn)
         dk = self._normalise_backward(dk, self._k, self._kn)
-        dx = self.q.backward(self._merge(dq))
-        dx = dx + self.k.backward(self._merge(dk))
-        return dx + self.v.backward(self._merge(dv))
+        dx = self.q.backward(self._conv_backward(0, self._merge(dq)))
+        dx = dx + self.k.backward(self._conv_backward(1, self._merge(dk)))
+        return dx + self.v.backward(self._conv_backward(2, self._merge(dv)))
 
 
     # ------------------------------------------------------- recurrent decoding
@@ -201,15 +234,53 @@ class MultiHeadAttention(Module):
         return RecurrentAttention(self.kind.name, self._kernel_values(), **extra)
 
     def prefill(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None):
-        """(y, state): the causal forward of x (B, T, dim) and the state after it."""
-        q, k, v, _, _ = self._project(x)
+        """(y, state): the causal forward of x (B, T, dim) and the state after it (a
+        :class:`ConvDecodeState` when the layer has short convolutions)."""
+        q, k, v, _, _ = self._project(x, key_mask)
         out, state = self.recurrent().prefill(q, k, v, key_mask)
+        if self.convs[0] is not None:
+            B, _, dim = x.shape
+            empty = np.zeros((B, self.convs[0].width - 1, dim), q.dtype)
+            state = ConvDecodeState(state, self._next_tails([empty] * 3))
         return self.o.forward(self._merge(out)), state
 
-    def step(self, x: np.ndarray, state: State, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+    def step(self, x: np.ndarray, state, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Outputs for T new positions x (B, T, dim), advancing ``state`` in place."""
-        q, k, v, _, _ = self._project(x)
-        return self.o.forward(self._merge(self.recurrent().step(state, q, k, v, key_mask)))
+        if self.convs[0] is None:
+            q, k, v, _, _ = self._project(x, key_mask)
+            return self.o.forward(self._merge(self.recurrent().step(state, q, k, v, key_mask)))
+        if not isinstance(state, ConvDecodeState):
+            raise TypeError(f"this layer has short convolutions: state must be the ConvDecodeState its prefill "
+                            f"returned, got {type(state).__name__}")
+        q, k, v, _, _ = self._project(x, key_mask, state.tails)
+        out = self.recurrent().step(state.attention, q, k, v, key_mask)
+        state.tails = self._next_tails(state.tails)
+        return self.o.forward(self._merge(out))
+
+
+class ConvDecodeState:
+    """One layer's decoding state when it has short convolutions: the attention's
+    recurrent ``State`` and ``tails``, the last width - 1 inputs of the query, key and value
+    convolutions, each (B, width - 1, dim)."""
+
+    __slots__ = ("attention", "tails")
+
+    def __init__(self, attention: State, tails) -> None:
+        self.attention, self.tails = attention, list(tails)
+
+    @property
+    def tokens(self) -> int:
+        return self.attention.tokens
+
+    @property
+    def nbytes(self) -> int:
+        return self.attention.nbytes + sum(t.nbytes for t in self.tails)
+
+    def copy(self) -> "ConvDecodeState":
+        return ConvDecodeState(self.attention.copy(), [t.copy() for t in self.tails])
+
+    def __repr__(self) -> str:
+        return f"ConvDecodeState({self.attention!r}, width={self.tails[0].shape[1] + 1})"
 
 
 class Block(Module):

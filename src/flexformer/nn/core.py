@@ -201,6 +201,58 @@ class MLP(Module):
         return self.fc1.backward(self.act.backward(self.fc2.backward(dy)))
 
 
+class ShortConv(Module):
+    """Causal depthwise convolution along the sequence (a "short convolution"):
+    y[:, t] = sum_{j < width} w[j] * x[:, t - j], with x before the start taken as zero.
+
+    w (width, dim) starts as the identity (w[0] = 1, the rest 0), so a model with the
+    convolution starts as the model without it. Each position mixes in the width - 1
+    positions before it, channel by channel: a cheap local window that a linear attention
+    kernel, which cannot attend sharply to the last few tokens, gains from (as in Based,
+    Arora et al. 2024, and the short convolutions of H3 and Mamba).
+
+    ``forward(x, tail)`` continues a sequence: ``tail`` (B, width - 1, dim) holds the inputs
+    of the width - 1 positions before x (recurrent decoding); :meth:`next_tail` gives the
+    tail after x."""
+
+    def __init__(self, dim: int, width: int, *, dtype=np.float32):
+        super().__init__()
+        if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 2:
+            raise ValueError(f"width must be an int >= 2, got {width!r}")
+        self.width = int(width)
+        w = np.zeros((self.width, dim), dtype)
+        w[0] = 1
+        self.w = self.add_param("w", w)
+
+    def forward(self, x: np.ndarray, tail: Optional[np.ndarray] = None) -> np.ndarray:
+        if tail is not None:
+            full = np.concatenate([tail.astype(x.dtype, copy=False), x], axis=1)
+            return self._apply(full)[:, tail.shape[1]:]
+        self._x = x
+        return self._apply(x)
+
+    def _apply(self, x: np.ndarray) -> np.ndarray:
+        w = self.w.value
+        y = x * w[0]
+        for j in range(1, min(self.width, x.shape[1])):
+            y[:, j:] += x[:, :-j] * w[j]
+        return y
+
+    def next_tail(self, x: np.ndarray, tail: np.ndarray) -> np.ndarray:
+        """The last width - 1 inputs after appending x (B, T, dim) to ``tail``."""
+        return np.concatenate([tail, x.astype(tail.dtype, copy=False)], axis=1)[:, -(self.width - 1):].copy()
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        x, w = self._x, self.w.value
+        grad = self.w.grad
+        grad[0] += np.einsum("bnd,bnd->d", dy, x)
+        dx = dy * w[0]
+        for j in range(1, min(self.width, x.shape[1])):
+            grad[j] += np.einsum("bnd,bnd->d", dy[:, j:], x[:, :-j])
+            dx[:, :-j] += dy[:, j:] * w[j]
+        return dx
+
+
 class Embedding(Module):
     """Token ids (B, N) -> vectors (B, N, dim)."""
 

@@ -16,7 +16,7 @@ class _Backbone(Module):
     def __init__(self, vocab: int, dim: int, depth: int, heads: int, max_len: int, attention: str,
                  rng: np.random.Generator, *, causal: bool, positional: str, mlp_ratio: int,
                  num_features: Optional[int], linformer_sharing: str, kernel_init, dtype, eps=None,
-                 qk_norm=False, learn_scale=False):
+                 qk_norm=False, learn_scale=False, short_conv=0):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
@@ -27,7 +27,7 @@ class _Backbone(Module):
         self.blocks = [self.add_child(f"blocks.{i}", Block(
             dim, heads, attention, rng, mlp_ratio=mlp_ratio, dtype=dtype, causal=causal, max_len=max_len,
             num_features=num_features, linformer_sharing=linformer_sharing, shared=shared,
-            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm, learn_scale=learn_scale))
+            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm, learn_scale=learn_scale, short_conv=short_conv))
             for i in range(depth)]
         self.norm = self.add_child("norm", LayerNorm(dim, dtype=dtype))
 
@@ -99,6 +99,9 @@ class EncoderClassifier(Module):
     learn_scale : bool
         Queries and keys multiplied by a learned factor per head before the kernel (a
         learned bandwidth for flex_s; :class:`flexformer.nn.MultiHeadAttention`).
+    short_conv : int
+        0 (off) or the width of a causal depthwise convolution on queries, keys and values
+        after their projections (:class:`flexformer.nn.MultiHeadAttention`).
     rng : seed or Generator
     dtype : float32 or float64
     """
@@ -107,13 +110,15 @@ class EncoderClassifier(Module):
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned",
                  mlp_ratio: int = 4, num_features: Optional[int] = None, linformer_sharing: str = "none",
                  kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
-                 qk_norm: bool = False, learn_scale: bool = False, rng: RngLike = 0, dtype=np.float32):
+                 qk_norm: bool = False, learn_scale: bool = False, short_conv: int = 0, rng: RngLike = 0,
+                 dtype=np.float32):
         super().__init__()
         gen = as_generator(rng)
         self.backbone = self.add_child("backbone", _Backbone(
             vocab, dim, depth, heads, max_len, attention, gen, causal=False, positional=positional,
             mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing=linformer_sharing,
-            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm, learn_scale=learn_scale, dtype=dtype))
+            kernel_init=kernel_init, eps=eps, qk_norm=qk_norm, learn_scale=learn_scale, short_conv=short_conv,
+            dtype=dtype))
         self.head = self.add_child("head", Linear(dim, num_classes, gen, dtype=dtype))
 
     def forward(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
@@ -175,14 +180,14 @@ class CausalLM(Module):
     def __init__(self, vocab: int, *, dim: int = 64, depth: int = 2, heads: int = 4, max_len: int = 512,
                  attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
                  num_features: Optional[int] = None, kernel_init: Optional[Dict[str, object]] = None,
-                 eps: Optional[float] = None, qk_norm: bool = False, learn_scale: bool = False, rng: RngLike = 0,
-                 dtype=np.float32):
+                 eps: Optional[float] = None, qk_norm: bool = False, learn_scale: bool = False,
+                 short_conv: int = 0, rng: RngLike = 0, dtype=np.float32):
         super().__init__()
         gen = as_generator(rng)
         self.backbone = self.add_child("backbone", _Backbone(
             vocab, dim, depth, heads, max_len, attention, gen, causal=True, positional=positional,
             mlp_ratio=mlp_ratio, num_features=num_features, linformer_sharing="none", kernel_init=kernel_init,
-            eps=eps, qk_norm=qk_norm, learn_scale=learn_scale, dtype=dtype))
+            eps=eps, qk_norm=qk_norm, learn_scale=learn_scale, short_conv=short_conv, dtype=dtype))
         self.head = self.add_child("head", Linear(dim, vocab, gen, dtype=dtype))
 
     def forward(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:

@@ -104,19 +104,43 @@ class KernelParams(nn.Module):
         return dict(self.named_parameters())
 
 
+class ShortConv(nn.Module):
+    """Causal depthwise convolution along the sequence, like flexformer.nn.ShortConv:
+    y[:, t] = sum_{j < width} w[j] * x[:, t - j]; w (width, dim) starts as the identity."""
+
+    def __init__(self, dim: int, width: int, dtype=torch.float32):
+        super().__init__()
+        w = torch.zeros(width, dim, dtype=dtype)
+        w[0] = 1
+        self.w = nn.Parameter(w)
+
+    def forward(self, x):
+        y = x * self.w[0]
+        for j in range(1, min(self.w.shape[0], x.shape[1])):
+            y = y + nn.functional.pad(x[:, :-j], (0, 0, j, 0)) * self.w[j]
+        return y
+
+
 class MultiHeadAttention(nn.Module):
     """Q/K/V/output projections around one attention kind (Linformer: per-head E and F
-    only; its shared variants stay in the NumPy model)."""
+    only; its shared variants stay in the NumPy model), with the NumPy layer's optional
+    short convolutions on queries, keys and values."""
 
     def __init__(self, dim: int, num_heads: int, attention_kind: str, *, causal: bool = False, max_len: int = 512,
                  num_features: Optional[int] = None, kernel_init: Optional[dict] = None, rng=0,
-                 dtype=torch.float32, backend: str = "auto"):
+                 dtype=torch.float32, backend: str = "auto", short_conv: int = 0):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if isinstance(short_conv, bool) or not isinstance(short_conv, int) or short_conv < 0 or short_conv == 1:
+            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {short_conv!r}")
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
         for name in ("q", "k", "v", "o"):
             setattr(self, name, Linear(dim, dim, dtype=dtype))
+        self.short_conv = short_conv
+        if short_conv:
+            for name in ("q", "k", "v"):
+                setattr(self, "conv_" + name, ShortConv(dim, short_conv, dtype=dtype))
         np_dtype = np.float64 if dtype == torch.float64 else np.float32
         spec = get_attention(attention_kind)
         options = {k: v for k, v in (kernel_init or {}).items() if k in spec.init_options}
@@ -128,8 +152,16 @@ class MultiHeadAttention(nn.Module):
         B, N, _ = x.shape
         return x.reshape(B, N, self.heads, self.dh).transpose(1, 2)
 
+    def _projection(self, name: str, x, key_mask):
+        y = getattr(self, name)(x)
+        if self.short_conv:
+            if key_mask is not None:  # padding enters the window as zeros
+                y = y * key_mask.to(y.dtype).unsqueeze(-1)
+            y = getattr(self, "conv_" + name)(y)
+        return self._split(y)
+
     def forward(self, x, key_mask=None):
-        q, k, v = (self._split(layer(x)) for layer in (self.q, self.k, self.v))
+        q, k, v = (self._projection(name, x, key_mask) for name in "qkv")
         out = attention(self.kind, q, k, v, self.attn.values(), causal=self.causal, key_mask=key_mask,
                         backend=self.backend)
         B, H, N, dh = out.shape
@@ -154,7 +186,7 @@ class Block(nn.Module):
 
 class Backbone(nn.Module):
     def __init__(self, vocab, dim, depth, heads, max_len, attention_kind, *, causal, positional, mlp_ratio,
-                 num_features, dtype, backend, kernel_init=None):
+                 num_features, dtype, backend, kernel_init=None, short_conv=0):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
@@ -162,7 +194,7 @@ class Backbone(nn.Module):
         self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", dtype=dtype)
         self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, dtype=dtype, causal=causal,
                                            max_len=max_len, num_features=num_features, kernel_init=kernel_init, rng=i,
-                                           backend=backend)
+                                           backend=backend, short_conv=short_conv)
                                      for i in range(depth)])
         self.norm = LayerNorm(dim, dtype=dtype)
 
@@ -179,11 +211,11 @@ class _Model(nn.Module):
     def __init__(self, vocab: int, out_dim: int, causal: bool, *, dim: int = 64, depth: int = 2, heads: int = 4,
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
                  num_features: Optional[int] = None, kernel_init: Optional[dict] = None, dtype=torch.float32,
-                 backend: str = "auto"):
+                 backend: str = "auto", short_conv: int = 0):
         super().__init__()
         self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=causal, positional=positional,
                                  mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend,
-                                 kernel_init=kernel_init)
+                                 kernel_init=kernel_init, short_conv=short_conv)
         self.head = Linear(dim, out_dim, dtype=dtype)
 
 
@@ -226,7 +258,7 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
                   positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
-                  dtype=dtype, backend=backend)
+                  short_conv=int(getattr(cfg, "short_conv", 0)), dtype=dtype, backend=backend)
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     if cfg.task == "retrieval":

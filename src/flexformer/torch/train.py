@@ -64,6 +64,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="threads per process (default: cores / processes)")
     p.add_argument("--backend", default="auto", help="attention backend: auto, c or torch")
     kernel_init_args(p)
+    p.add_argument("--short-conv", type=int, default=d.short_conv, metavar="WIDTH",
+                   help="width of the causal depthwise convolution on queries, keys and values (0 = none)")
     p.add_argument("--out", default=None, help="run folder (default runs/torch-TASK-ATTENTION-TIME)")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     p.add_argument("--quiet", action="store_true")
@@ -115,7 +117,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       warmup=args.warmup, clip=args.clip, seed=args.seed, data_dir=args.data_dir,
                       eval_batches=args.eval_batches, dtype=args.dtype, threads=threads,
                       kernel_init_scale=args.kernel_init_scale, kernel_init_spread=args.kernel_init_spread,
-                      kernel_init_match_tau=args.kernel_init_match_tau)
+                      kernel_init_match_tau=args.kernel_init_match_tau, short_conv=args.short_conv)
     out = args.out or os.path.join("runs", f"torch-{cfg.task}-{cfg.attention}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         cfg.validate()

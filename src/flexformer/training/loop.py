@@ -75,6 +75,8 @@ class TrainConfig:
     qk_norm: bool = False
     #: queries and keys multiplied by a learned factor per head (flex_s: a learned bandwidth)
     learn_scale: bool = False
+    #: width of a causal depthwise convolution on queries, keys and values (0 = none)
+    short_conv: int = 0
 
     #: what a configuration saved before a field existed meant (checkpoints of earlier
     #: versions load with the initialisation they were trained with)
@@ -148,6 +150,8 @@ class TrainConfig:
         if self.qk_norm and self.learn_scale:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
                              "choose one")
+        if self.short_conv < 0 or self.short_conv == 1:
+            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {self.short_conv}")
         if self.diagnostics_every < 0:
             raise ValueError(f"diagnostics_every must be >= 0, got {self.diagnostics_every}")
         if self.task == "pathfinder":
@@ -194,7 +198,7 @@ def model_for_config(cfg: TrainConfig, vocab: int, num_classes: Optional[int], m
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
                   positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
                   eps=cfg.attention_eps, qk_norm=bool(cfg.qk_norm),
-                  learn_scale=bool(cfg.learn_scale), rng=cfg.seed, dtype=np.dtype(cfg.dtype))
+                  learn_scale=bool(cfg.learn_scale), short_conv=cfg.short_conv, rng=cfg.seed, dtype=np.dtype(cfg.dtype))
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     if cfg.task == "retrieval":
