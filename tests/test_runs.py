@@ -286,6 +286,24 @@ def test_overflow_with_finite_inputs_is_an_error_not_nan():
     assert np.isnan(out[0, 1, 3]).all() and np.isfinite(np.delete(out[0, 1], 3, axis=0)).all()
 
 
+def test_the_short_convolution_defaults_per_task_and_a_given_or_saved_one_wins():
+    from flexformer.__main__ import _config_from, build_parser
+    from flexformer.training import TASK_DEFAULTS, TASKS
+
+    assert tuple(TASK_DEFAULTS) == TASKS
+    for task, defaults in TASK_DEFAULTS.items():
+        assert TrainConfig(task=task).short_conv == defaults["short_conv"]
+        assert _config_from(build_parser().parse_args(["train", "--task", task])).short_conv == defaults["short_conv"]
+    assert TASK_DEFAULTS["text-lm"]["short_conv"] == 4 and TASK_DEFAULTS["listops"]["short_conv"] == 0
+    args = build_parser().parse_args(["train", "--task", "text-lm", "--short-conv", "0"])
+    assert _config_from(args).short_conv == 0
+    # a text-lm run saved before the option existed loads as it was trained: without convolutions
+    assert TrainConfig.from_saved({"task": "text-lm", "lr": 3e-3}).short_conv == 0
+    for bad in (1, -2, True, 2.0):
+        with pytest.raises(ValueError, match=f"short_conv must be 0 \\(off\\) or a width >= 2, got {bad!r}"):
+            TrainConfig(task="text-lm", short_conv=bad).validate()
+
+
 def test_the_learning_rate_defaults_per_task_and_a_given_or_saved_one_wins():
     from flexformer.__main__ import _config_from, build_parser
     from flexformer.training import TASK_DEFAULT_LR, TASKS

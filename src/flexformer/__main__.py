@@ -80,7 +80,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from .training import TASK_DEFAULT_LR, TASKS, TrainConfig
+    from .training import TASK_DEFAULTS, TASK_DEFAULT_LR, TASKS, TrainConfig
 
     d = TrainConfig()
     p.add_argument("--task", default=d.task, help=f"one of {', '.join(TASKS)} (default {d.task})")
@@ -119,10 +119,11 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learn-scale", action="store_true",
                    help="multiply queries and keys by a learned factor per head before the kernel (for "
                         "flex_s: a learned bandwidth, as tau is for flex_n)")
-    p.add_argument("--short-conv", type=int, default=d.short_conv, metavar="WIDTH",
+    p.add_argument("--short-conv", type=int, default=None, metavar="WIDTH",
                    help="width of a causal depthwise convolution on queries, keys and values after their "
-                        "projections (a local window for the linear kinds); 0 = none (default "
-                        f"{d.short_conv})")
+                        "projections (a local window for the linear kinds); 0 = none (default: the task's, "
+                        + ", ".join(f"{t} {v['short_conv']}" for t, v in TASK_DEFAULTS.items())
+                        + "; docs/results.md section 15)")
     p.add_argument("--diagnostics-every", type=int, default=d.diagnostics_every,
                    help=f"steps between per-layer kernel diagnostics in diagnostics.jsonl; 0 = off "
                         f"(default {d.diagnostics_every})")

@@ -64,8 +64,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="threads per process (default: cores / processes)")
     p.add_argument("--backend", default="auto", help="attention backend: auto, c or torch")
     kernel_init_args(p)
-    p.add_argument("--short-conv", type=int, default=d.short_conv, metavar="WIDTH",
-                   help="width of the causal depthwise convolution on queries, keys and values (0 = none)")
+    p.add_argument("--short-conv", type=int, default=None, metavar="WIDTH",
+                   help="width of the causal depthwise convolution on queries, keys and values (0 = none; "
+                        "default: the task's, flexformer.training.TASK_DEFAULTS)")
     p.add_argument("--out", default=None, help="run folder (default runs/torch-TASK-ATTENTION-TIME)")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     p.add_argument("--quiet", action="store_true")

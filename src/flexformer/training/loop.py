@@ -23,12 +23,22 @@ from ..registry import get_attention
 from . import checkpoint
 from .optim import AdamW, clip_global_norm, lr_at
 
-#: every task the trainer runs, with the peak learning rate a run starts from when none is
-#: given: 1e-3 unless measured otherwise (text-lm: 3e-3, docs/results.md section 13; ListOps,
-#: text-cls and fmnist were measured at 3e-3 too and kept 1e-3, sections 13 and 14)
-TASK_DEFAULT_LR = {"listops": 1e-3, "fmnist": 1e-3, "pathfinder": 1e-3, "text-lm": 3e-3, "text-cls": 1e-3,
-                   "retrieval": 1e-3}
-TASKS = tuple(TASK_DEFAULT_LR)
+#: every task the trainer runs, with what a run starts from when the option is not given:
+#: ``lr``, the peak learning rate, 1e-3 unless measured otherwise (text-lm: 3e-3,
+#: docs/results.md section 13; ListOps, text-cls and fmnist were measured at 3e-3 too and
+#: kept 1e-3, sections 13 and 14); ``short_conv``, the width of the short convolutions on
+#: queries, keys and values, 0 (none) unless measured otherwise (text-lm: 4, section 15)
+TASK_DEFAULTS = {
+    "listops": {"lr": 1e-3, "short_conv": 0},
+    "fmnist": {"lr": 1e-3, "short_conv": 0},
+    "pathfinder": {"lr": 1e-3, "short_conv": 0},
+    "text-lm": {"lr": 3e-3, "short_conv": 4},
+    "text-cls": {"lr": 1e-3, "short_conv": 0},
+    "retrieval": {"lr": 1e-3, "short_conv": 0},
+}
+TASKS = tuple(TASK_DEFAULTS)
+#: the peak learning rate per task (from TASK_DEFAULTS)
+TASK_DEFAULT_LR = {task: defaults["lr"] for task, defaults in TASK_DEFAULTS.items()}
 #: the tasks that read plain-text files from --data-dir
 TEXT_TASKS = ("text-lm", "text-cls", "retrieval")
 
@@ -75,17 +85,21 @@ class TrainConfig:
     qk_norm: bool = False
     #: queries and keys multiplied by a learned factor per head (flex_s: a learned bandwidth)
     learn_scale: bool = False
-    #: width of a causal depthwise convolution on queries, keys and values (0 = none)
-    short_conv: int = 0
+    #: width of a causal depthwise convolution on queries, keys and values (0 = none);
+    #: None = the task's default (TASK_DEFAULTS), set on construction
+    short_conv: Optional[int] = None
 
     #: what a configuration saved before a field existed meant (checkpoints of earlier
     #: versions load with the initialisation they were trained with)
     LEGACY = {"kernel_init_scale": 1.0, "kernel_init_spread": 0.0, "kernel_init_match_tau": True,
-              "diagnostics_every": 0}
+              "diagnostics_every": 0, "short_conv": 0}
 
     def __post_init__(self) -> None:
-        if self.lr is None:  # an unknown task is refused by validate()
-            self.lr = TASK_DEFAULT_LR.get(self.task, TASK_DEFAULT_LR["listops"])
+        # an unknown task is refused by validate()
+        defaults = TASK_DEFAULTS.get(self.task, TASK_DEFAULTS["listops"])
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
     @classmethod
     def from_saved(cls, saved: dict) -> "TrainConfig":
@@ -150,8 +164,9 @@ class TrainConfig:
         if self.qk_norm and self.learn_scale:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
                              "choose one")
-        if self.short_conv < 0 or self.short_conv == 1:
-            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {self.short_conv}")
+        if isinstance(self.short_conv, bool) or not isinstance(self.short_conv, int) or self.short_conv < 0 \
+                or self.short_conv == 1:
+            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {self.short_conv!r}")
         if self.diagnostics_every < 0:
             raise ValueError(f"diagnostics_every must be >= 0, got {self.diagnostics_every}")
         if self.task == "pathfinder":
