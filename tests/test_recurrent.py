@@ -228,14 +228,19 @@ def test_lm_generate_limits_and_errors():
         sinus.generate(np.array([30]), 3)
 
 
+def _train_tiny_lm(run, *options, steps=5, depth=1):
+    """A tiny text-lm run folder (sinusoidal positions) trained by the command line."""
+    subprocess.run([sys.executable, "-m", "flexformer", "train", "--task", "text-lm", "--data-dir", DATA,
+                    "--steps", str(steps), "--seq-len", "32", "--dim", "16", "--heads", "2", "--depth", str(depth),
+                    "--positional", "sinusoidal", "--eval-batches", "1", "--quiet", "--out", str(run), *options],
+                   check=True, capture_output=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+
+
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="needs ../shared/data/austen")
 def test_generate_command_streams_text_from_a_checkpoint(tmp_path):
     run = tmp_path / "lm"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "flexformer", "train", "--task", "text-lm", "--data-dir", DATA,
-                    "--steps", "5", "--seq-len", "32", "--dim", "16", "--heads", "2", "--depth", "1",
-                    "--positional", "sinusoidal", "--eval-batches", "1", "--quiet", "--out", str(run)],
-                   check=True, capture_output=True, env=env)
+    _train_tiny_lm(run)
     done = subprocess.run([sys.executable, "-m", "flexformer", "generate", "--checkpoint", str(run), "--prompt",
                            "Emma", "--tokens", "60", "--top-k", "8", "--seed", "3"],
                           capture_output=True, env=env)
@@ -257,6 +262,37 @@ def test_generate_command_streams_text_from_a_checkpoint(tmp_path):
                               str(tmp_path / "none"), "--prompt", "x"], capture_output=True, text=True, env=env)
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr
 
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="needs ../shared/data/austen")
+def test_generate_command_decodes_a_model_with_short_convolutions_greedily_like_the_parallel_model(tmp_path):
+    from flexformer.training import load_model, save_checkpoint
+
+    run = tmp_path / "lm"
+    _train_tiny_lm(run, "--short-conv", "4", steps=20, depth=2)
+    # a few steps hardly move the taps from the identity: move them, so the decoded text
+    # depends on what the decoding state keeps of the last three positions
+    model, cfg, meta = load_model(str(run))
+    rng = np.random.default_rng(0)
+    params = {name: value + (0.5 * rng.standard_normal(value.shape)).astype(value.dtype) if ".conv_" in name
+              else value for name, value in model.parameters().items()}
+    save_checkpoint(str(run / "checkpoint.npz"), params, {}, {"step": meta["step"], "config": cfg.__dict__})
+    done = subprocess.run([sys.executable, "-m", "flexformer", "generate", "--checkpoint", str(run), "--prompt",
+                           "Emma was", "--tokens", "24", "--temperature", "0"], capture_output=True,
+                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr
+    model, cfg, _ = load_model(str(run))
+    assert cfg.short_conv == 4
+    text = done.stdout
+    assert text.startswith(b"Emma was") and len(text) == 8 + 24 + 1
+    ids = list(text[:-1])
+    for t in range(8, 8 + 24):  # greedy decoding by whole forward passes, no recurrent state
+        logits = model.forward(np.array([ids[:t]]))[0, -1]
+        best = int(np.argmax(logits))
+        if best != ids[t]:  # float32: only a near tie may go the other way
+            top2 = np.sort(logits)[-2:]
+            assert top2[1] - top2[0] < 1e-4, (t, best, ids[t])
+            break
 
 C_KINDS = [k for k in RECURRENT_KINDS if RecurrentAttention(k, _setup(k, np.float64)[0].params)._kernel is not None]
 

@@ -245,6 +245,21 @@ def test_torch_trainer_refuses_a_folder_holding_a_run(tmp_path):
     assert json.loads((run / "metrics.json").read_text())["config"]["seed"] == 3
 
 
+def _torch_and_numpy_logits(run):
+    """(torch logits, NumPy logits, cfg) of a run folder's model on a padded classifier batch,
+    after checking both read the same configuration."""
+    np_model, cfg, _ = load_model(str(run))
+    model, cfg2 = from_numpy_checkpoint(str(run))
+    assert cfg2 == cfg
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 16, (2, 32))
+    mask = np.ones((2, 32), bool)
+    mask[0, 20:] = False
+    with torch.no_grad():
+        got = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    return got, np_model.forward(ids, mask), cfg
+
+
 def test_torch_trainer_with_short_convolutions_writes_a_numpy_checkpoint(tmp_path):
     run = tmp_path / "run"
     args = ["--steps", "3", "--seq-len", "32", "--dim", "16", "--heads", "2", "--depth", "1", "--eval-batches",
@@ -256,14 +271,8 @@ def test_torch_trainer_with_short_convolutions_writes_a_numpy_checkpoint(tmp_pat
     start = np.zeros((3, 16))
     start[0] = 1  # the identity the convolution starts as
     assert taps.shape == (3, 16) and np.abs(taps - start).max() > 1e-4  # trained by torch
-    model, _ = from_numpy_checkpoint(str(run))
-    rng = np.random.default_rng(1)
-    ids = rng.integers(0, 16, (2, 32))
-    mask = np.ones((2, 32), bool)
-    mask[0, 20:] = False
-    with torch.no_grad():
-        got = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    np.testing.assert_allclose(got, np_model.forward(ids, mask), rtol=1e-10, atol=1e-12)
+    got, want, _ = _torch_and_numpy_logits(run)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
 def test_checkpoint_from_the_train_command_loads_into_torch(tmp_path):
@@ -272,14 +281,6 @@ def test_checkpoint_from_the_train_command_loads_into_torch(tmp_path):
     subprocess.run([sys.executable, "-m", "flexformer", "train", "--steps", "3", "--seq-len", "32", "--dim", "16",
                     "--heads", "2", "--depth", "1", "--eval-batches", "1", "--quiet", "--out", str(run)],
                    check=True, capture_output=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    np_model, cfg, _ = load_model(str(run))
-    model, cfg2 = from_numpy_checkpoint(str(run))
-    assert cfg2 == cfg and cfg.attention == "flex_n"
-    rng = np.random.default_rng(1)
-    ids = rng.integers(0, 16, (2, 32))
-    mask = np.ones((2, 32), bool)
-    mask[0, 20:] = False
-    with torch.no_grad():
-        got = model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    want = np_model.forward(ids, mask)
+    got, want, cfg = _torch_and_numpy_logits(run)
+    assert cfg.attention == "flex_n"
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
