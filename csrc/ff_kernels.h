@@ -133,7 +133,12 @@ FF_KINDS(FF_DECLARE_CALL)
                                  size_t C, int nthreads);                                     \
     int layer_norm_backward_##sfx(real *dx, real *dgamma, real *dbeta, const real *dy,        \
                                   const real *xhat, const real *rstd, const real *gamma,      \
-                                  size_t R, size_t C, int nthreads);
+                                  size_t R, size_t C, int nthreads);                          \
+    int short_conv_forward_##sfx(real *y, const real *x, const real *w, size_t B, size_t N,   \
+                                 size_t C, size_t W, int nthreads);                           \
+    int short_conv_backward_##sfx(real *dx, real *dw, const real *dy, const real *x,          \
+                                  const real *w, size_t B, size_t N, size_t C, size_t W,      \
+                                  int nthreads);
 
 FF_DECLARE_FLEX(float, f32)
 FF_DECLARE_FLEX(double, f64)

@@ -26,6 +26,7 @@
 #include "trig_export.inc"
 #include "activation.inc"
 #include "norm.inc"
+#include "short_conv.inc"
 #include "finite.inc"
 #undef FF
 #undef real
@@ -68,6 +69,7 @@
 #include "trig_export.inc"
 #include "activation.inc"
 #include "norm.inc"
+#include "short_conv.inc"
 #include "finite.inc"
 
 size_t ff_causal_cache_limit = (size_t)256 << 20;

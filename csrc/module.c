@@ -1007,6 +1007,100 @@ cleanup:
     return result;
 }
 
+/* Checks x (B,N,C) and w (W,C) of one real dtype for the short convolution; dy, when
+ * given, must have x's shape. Returns 0, or -1 with an exception set. */
+static int short_conv_shapes(PyArrayObject *x, PyArrayObject *w, PyArrayObject *dy)
+{
+    const npy_intp C = PyArray_DIM(x, 2);
+    if (PyArray_DIM(w, 0) < 1 || PyArray_DIM(w, 1) != C) {
+        PyErr_Format(PyExc_ValueError, "w must have shape (W, C) with W >= 1 and x's C = %zd channels, "
+                     "got (%zd, %zd)", (Py_ssize_t)C, (Py_ssize_t)PyArray_DIM(w, 0),
+                     (Py_ssize_t)PyArray_DIM(w, 1));
+        return -1;
+    }
+    if (dy && !PyArray_SAMESHAPE(dy, x)) {
+        PyErr_Format(PyExc_ValueError, "dy must have x's shape (%zd, %zd, %zd)", (Py_ssize_t)PyArray_DIM(x, 0),
+                     (Py_ssize_t)PyArray_DIM(x, 1), (Py_ssize_t)C);
+        return -1;
+    }
+    return 0;
+}
+
+/* short_conv_forward(x (B,N,C), w (W,C)) -> y (B,N,C) */
+static PyObject *py_short_conv_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *x_obj, *w_obj, *result = NULL;
+    PyArrayObject *x = NULL, *w = NULL, *y = NULL;
+    int status = FF_OK, typenum;
+    if (!PyArg_ParseTuple(args, "OO:short_conv_forward", &x_obj, &w_obj))
+        return NULL;
+    if (!(x = real_array(x_obj, "x", 3, "(B, N, C)", &typenum)) ||
+        !(w = to_array(w_obj, "w", typenum, 2, "(W, C)")) || short_conv_shapes(x, w, NULL) < 0)
+        goto cleanup;
+    y = (PyArrayObject *)PyArray_EMPTY(3, PyArray_DIMS(x), typenum, 0);
+    if (!y)
+        goto cleanup;
+    const size_t B = (size_t)PyArray_DIM(x, 0), N = (size_t)PyArray_DIM(x, 1), C = (size_t)PyArray_DIM(x, 2),
+                 W = (size_t)PyArray_DIM(w, 0);
+    const int nt = KERNEL_THREADS();
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT)
+        status = short_conv_forward_f32(PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), B, N, C, W, nt);
+    else
+        status = short_conv_forward_f64(PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), B, N, C, W, nt);
+    Py_END_ALLOW_THREADS
+    if (status_to_exception(status) < 0)
+        goto cleanup;
+    result = (PyObject *)y;
+    y = NULL;
+cleanup:
+    Py_XDECREF(x);
+    Py_XDECREF(w);
+    Py_XDECREF(y);
+    return result;
+}
+
+/* short_conv_backward(dy (B,N,C), x (B,N,C), w (W,C)) -> (dx, dw) */
+static PyObject *py_short_conv_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *dy_obj, *x_obj, *w_obj, *result = NULL;
+    PyArrayObject *dy = NULL, *x = NULL, *w = NULL, *dx = NULL, *dw = NULL;
+    int status = FF_OK, typenum;
+    if (!PyArg_ParseTuple(args, "OOO:short_conv_backward", &dy_obj, &x_obj, &w_obj))
+        return NULL;
+    if (!(x = real_array(x_obj, "x", 3, "(B, N, C)", &typenum)) ||
+        !(dy = to_array(dy_obj, "dy", typenum, 3, "(B, N, C)")) ||
+        !(w = to_array(w_obj, "w", typenum, 2, "(W, C)")) || short_conv_shapes(x, w, dy) < 0)
+        goto cleanup;
+    dx = (PyArrayObject *)PyArray_EMPTY(3, PyArray_DIMS(x), typenum, 0);
+    dw = (PyArrayObject *)PyArray_EMPTY(2, PyArray_DIMS(w), typenum, 0);
+    if (!dx || !dw)
+        goto cleanup;
+    const size_t B = (size_t)PyArray_DIM(x, 0), N = (size_t)PyArray_DIM(x, 1), C = (size_t)PyArray_DIM(x, 2),
+                 W = (size_t)PyArray_DIM(w, 0);
+    const int nt = KERNEL_THREADS();
+    Py_BEGIN_ALLOW_THREADS
+    if (typenum == NPY_FLOAT)
+        status = short_conv_backward_f32(PyArray_DATA(dx), PyArray_DATA(dw), PyArray_DATA(dy), PyArray_DATA(x),
+                                         PyArray_DATA(w), B, N, C, W, nt);
+    else
+        status = short_conv_backward_f64(PyArray_DATA(dx), PyArray_DATA(dw), PyArray_DATA(dy), PyArray_DATA(x),
+                                         PyArray_DATA(w), B, N, C, W, nt);
+    Py_END_ALLOW_THREADS
+    if (status_to_exception(status) < 0)
+        goto cleanup;
+    result = PyTuple_Pack(2, dx, dw);
+cleanup:
+    Py_XDECREF(dy);
+    Py_XDECREF(x);
+    Py_XDECREF(w);
+    Py_XDECREF(dx);
+    Py_XDECREF(dw);
+    return result;
+}
+
 /* ------------------------------------------------------------- test hooks */
 
 /* _sincos(x) -> (sin(x), cos(x)) through the kernels' vectorised trig, x 1-d float32/64 */
@@ -1165,6 +1259,10 @@ static PyMethodDef methods[] = {
      "layer_norm_forward(x (R,C), gamma, beta, eps) -> (y, xhat, rstd)"},
     {"layer_norm_backward", py_layer_norm_backward, METH_VARARGS,
      "layer_norm_backward(dy, xhat, rstd, gamma) -> (dx, dgamma, dbeta)"},
+    {"short_conv_forward", py_short_conv_forward, METH_VARARGS,
+     "short_conv_forward(x (B,N,C), w (W,C)) -> y: causal depthwise convolution along N"},
+    {"short_conv_backward", py_short_conv_backward, METH_VARARGS,
+     "short_conv_backward(dy, x, w) -> (dx, dw)"},
     {"gelu_forward", py_gelu_forward, METH_O, "gelu_forward(x) -> (y, w = 1 - |tanh u|); x 1-d"},
     {"gelu_backward", py_gelu_backward, METH_VARARGS, "gelu_backward(dy, x, w) -> dx; all 1-d"},
 {"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},

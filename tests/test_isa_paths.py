@@ -1,4 +1,5 @@
-"""Every compiled instruction-set path of the dense products (and the GELU) gives the same results.
+"""Every compiled instruction-set path of the dense products (and the GELU and the short
+convolution) gives the same results.
 
 The products include the few-row projection and a recurrent step's one-column and rank-1 paths.
 
@@ -63,6 +64,18 @@ y_ref, dx_ref = gelu_reference(x.astype(np.float64), dy.astype(np.float64))
 # (measured 3e-8 and 8e-8 of the largest value; NumPy's float32 formula gives 3e-8 and 9e-7)
 assert np.max(np.abs(y - y_ref)) <= 3e-7 * np.max(np.abs(y_ref)), "gelu forward"
 assert np.max(np.abs(dx - dx_ref)) <= 3e-7 * np.max(np.abs(dx_ref)), "gelu backward"
+# the short convolution's loops, 37 channels (a partial vector), 4 taps, a sequence shorter
+# than the window too
+from flexformer import _C
+from flexformer.nn.core import short_conv_reference
+for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+    for n in (2, 19):
+        x, dy = (rng.standard_normal((3, n, 37)).astype(dtype) for _ in range(2))
+        w = rng.standard_normal((4, 37)).astype(dtype)
+        got = (_C.short_conv_forward(x, w),) + _C.short_conv_backward(dy, x, w)
+        want = short_conv_reference(*(a.astype(np.float64) for a in (x, w, dy)))
+        for g, r in zip(got, want):
+            assert np.max(np.abs(g - r)) <= tol * np.max(np.abs(r)), ("short conv", dtype, n)
 print("ok")
 """
 

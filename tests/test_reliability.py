@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import flexformer as ff  # noqa: E402
+from flexformer import _C  # noqa: E402
 from flexformer import reference as ref  # noqa: E402
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -253,6 +254,7 @@ def test_reference_counts_stable_for_every_entry_point():
     W = ff.init.hedgehog_weights(2, 4, 3)
     E = ff.init.linformer_projections(3, 9, rng=3)
     pq = np.abs(q) + 0.1
+    x3, taps = q[0], rng.standard_normal((3, 4))  # the short convolution: (B, N, C) and (W, C)
     calls = [
         lambda: ff.flex_s_attention(q, q, v, om, key_mask=mask, return_guard_count=True),
         lambda: ff.flex_s_attention_backward(do, q, q, v, om, causal=True),
@@ -268,12 +270,16 @@ def test_reference_counts_stable_for_every_entry_point():
         lambda: ff.softmax_attention_backward(do, q, q, v, causal=True),
         lambda: ff.linformer_attention(q, q, v, E, E, key_mask=mask),
         lambda: ff.linformer_attention_backward(do, q, q, v, E, E),
+        lambda: _C.short_conv_forward(x3, taps),
+        lambda: _C.short_conv_backward(x3, x3, taps),
     ]
     failing = [
         lambda: ff.flex_s_attention(q, q, v, om[:1]),
         lambda: ff.hedgehog_attention_backward(do[:, :1], q, q, v, W),
         lambda: ff.linformer_attention(q, q, v, E, E, causal=True),
         lambda: ff.softmax_attention(q.astype(np.float32), q, v),
+        lambda: _C.short_conv_forward(x3, taps[:, :1]),
+        lambda: _C.short_conv_backward(x3[:, :2], x3, taps),
     ]
     # every entry point from several Python threads at once equals the serial result
     from concurrent.futures import ThreadPoolExecutor
@@ -284,7 +290,7 @@ def test_reference_counts_stable_for_every_entry_point():
         want = serial[i % len(calls)]
         for a, b in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
             np.testing.assert_array_equal(a, b)
-    tracked = [q, v, do, mask, om, o1, o2, tau, W, E, pq]
+    tracked = [q, v, do, mask, om, o1, o2, tau, W, E, pq, taps]
     before = [sys.getrefcount(a) for a in tracked]
     for _ in range(500):
         for call in calls:

@@ -7,7 +7,10 @@ import sys
 import numpy as np
 import pytest
 
+import flexformer as ff
+from flexformer import _C
 from flexformer.nn import CausalLM, EncoderClassifier, ShortConv
+from flexformer.nn.core import short_conv_reference
 from flexformer.testing import check_cross_entropy_gradients
 from flexformer.training import TrainConfig
 
@@ -21,40 +24,109 @@ def _moved(model, seed=0, size=0.4):
     return model
 
 
-@pytest.mark.parametrize("width,N", [(2, 7), (4, 9), (6, 3)])
+@pytest.mark.parametrize("width,N", [(2, 7), (4, 9), (6, 3), (1, 5)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_layer_matches_np_convolve_and_its_gradient(width, N, dtype):
+def test_kernels_match_np_convolve_and_the_numpy_twin(width, N, dtype, threads):
     rng = np.random.default_rng(width * 10 + N)
-    conv = ShortConv(5, width, dtype=dtype)
-    conv.w.value[...] = rng.standard_normal((width, 5))
+    w = rng.standard_normal((width, 5)).astype(dtype)
     x = rng.standard_normal((2, N, 5)).astype(dtype)
-    x_before = x.copy()
-    y = conv.forward(x)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    before = (x.copy(), w.copy(), dy.copy())
+    y = _C.short_conv_forward(x, w)
+    dx, dw = _C.short_conv_backward(dy, x, w)
+    for a, b in zip((x, w, dy), before):  # inputs not mutated
+        np.testing.assert_array_equal(a, b)
+    assert y.dtype == dx.dtype == dw.dtype == dtype and dw.shape == w.shape
+    tol = 2e-6 if dtype == np.float32 else 1e-13
     # independent reference: the full convolution per (batch, channel), cut to the first N
-    want = np.stack([np.stack([np.convolve(x[b, :, c].astype(np.float64), conv.w.value[:, c])[:N]
-                               for c in range(5)], -1) for b in range(2)])
-    np.testing.assert_allclose(y, want, rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-6)
-    np.testing.assert_array_equal(x, x_before)  # input not mutated
-    # backward against central differences (float64 only)
-    if dtype == np.float64:
-        dy = rng.standard_normal(y.shape)
-        conv.w.grad[...] = 0
-        dx = conv.backward(dy)
-        h = 1e-6
-        for idx in [(0, 0, 0), (1, N - 1, 4), (0, N // 2, 2)]:
-            xp, xm = x.copy(), x.copy()
-            xp[idx] += h
-            xm[idx] -= h
-            numeric = ((conv._apply(xp) - conv._apply(xm)) * dy).sum() / (2 * h)
-            assert abs(numeric - dx[idx]) < 1e-7
-        for j in range(width):
-            wp = conv.w.value.copy()
-            conv.w.value[j, 1] += h
-            up = (conv._apply(x) * dy).sum()
-            conv.w.value[j, 1] -= 2 * h
-            down = (conv._apply(x) * dy).sum()
-            conv.w.value[...] = wp
-            assert abs((up - down) / (2 * h) - conv.w.grad[j, 1]) < 1e-7
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    want = np.stack([np.stack([np.convolve(x64[b, :, c], w64[:, c])[:N] for c in range(5)], -1)
+                     for b in range(2)])
+    np.testing.assert_allclose(y, want, rtol=tol, atol=tol)
+    # the backward is the convolution's transpose: <dy, conv(x)> = <conv^T(dy), x>, and for w
+    # the correlation of dy with x, both through np.correlate
+    dx_want = np.stack([np.stack([np.correlate(dy64[b, :, c], w64[:, c], "full")[width - 1:width - 1 + N]
+                                  for c in range(5)], -1) for b in range(2)])
+    np.testing.assert_allclose(dx, dx_want, rtol=tol, atol=tol * 10)
+    dw_want = np.array([[sum(np.dot(dy64[b, j:, c], x64[b, :N - j, c]) for b in range(2)) if j < N else 0.0
+                         for c in range(5)] for j in range(width)])
+    np.testing.assert_allclose(dw, dw_want, rtol=tol, atol=tol * 10)
+    # and the NumPy twin
+    ry, rdx, rdw = short_conv_reference(x64, w64, dy64)
+    for got, ref in ((y, ry), (dx, rdx), (dw, rdw)):
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 10)
+
+
+def test_layer_backward_by_central_differences():
+    rng = np.random.default_rng(3)
+    conv = ShortConv(5, 4, dtype=np.float64)
+    conv.w.value[...] = rng.standard_normal((4, 5))
+    x = rng.standard_normal((2, 9, 5))
+    dy = rng.standard_normal(x.shape)
+    conv.forward(x)
+    dx = conv.backward(dy)
+    h = 1e-6
+    for idx in [(0, 0, 0), (1, 8, 4), (0, 4, 2), (1, 6, 1)]:
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += h
+        xm[idx] -= h
+        numeric = ((_C.short_conv_forward(xp, conv.w.value) - _C.short_conv_forward(xm, conv.w.value)) * dy).sum()
+        assert abs(numeric / (2 * h) - dx[idx]) < 1e-7
+    for j in range(4):
+        w = conv.w.value.copy()
+        wp, wm = w.copy(), w.copy()
+        wp[j, 1] += h
+        wm[j, 1] -= h
+        numeric = ((_C.short_conv_forward(x, wp) - _C.short_conv_forward(x, wm)) * dy).sum() / (2 * h)
+        assert abs(numeric - conv.w.grad[j, 1]) < 1e-7
+
+
+def test_large_inputs_take_the_parallel_path_with_the_same_results():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((9, 520, 230)).astype(np.float32)  # 1.08 M elements: over the threshold
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    w = rng.standard_normal((4, 230)).astype(np.float32)
+    before = ff.get_num_threads()
+    out = []
+    try:
+        for n in (1, 2):
+            ff.set_num_threads(n)
+            out.append((_C.short_conv_forward(x, w),) + _C.short_conv_backward(dy, x, w))
+    finally:
+        ff.set_num_threads(before)
+    np.testing.assert_array_equal(out[0][0], out[1][0])  # sequences owned by one thread
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+    np.testing.assert_allclose(out[0][2], out[1][2], rtol=1e-6)  # dw: partial sums in another order
+    np.testing.assert_allclose(out[0][0], short_conv_reference(x.astype(np.float64), w.astype(np.float64)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_refuse_bad_arguments():
+    x, w = np.zeros((2, 5, 3)), np.ones((4, 3))
+    with pytest.raises(ValueError, match=r"x must be a 3-d array of shape \(B, N, C\), got 2-d"):
+        _C.short_conv_forward(x[0], w)
+    with pytest.raises(ValueError, match=r"w must have shape \(W, C\) with W >= 1 and x's C = 3 channels, got \(4, 2\)"):
+        _C.short_conv_forward(x, w[:, :2])
+    with pytest.raises(ValueError, match=r"W >= 1 .* got \(0, 3\)"):
+        _C.short_conv_forward(x, w[:0])
+    with pytest.raises(TypeError, match="x must have dtype float32 or float64"):
+        _C.short_conv_forward(x.astype(np.int32), w)
+    with pytest.raises(TypeError, match="w must have dtype float64"):
+        _C.short_conv_forward(x, w.astype(np.float32))
+    with pytest.raises(ValueError, match=r"dy must have x's shape \(2, 5, 3\)"):
+        _C.short_conv_backward(np.zeros((2, 4, 3)), x, w)
+    with pytest.raises(TypeError, match="dy must have dtype float64"):
+        _C.short_conv_backward(x.astype(np.float32), x, w)
+    for empty in (np.zeros((0, 5, 3)), np.zeros((2, 0, 3)), np.zeros((2, 5, 0))):
+        ew = np.ones((4, empty.shape[2]))
+        assert _C.short_conv_forward(empty, ew).shape == empty.shape
+        dx, dw = _C.short_conv_backward(empty, empty, ew)
+        assert dx.shape == empty.shape and (dw == 0).all()
+    # non-contiguous and Fortran-ordered inputs are read as their values
+    xs = np.random.default_rng(0).standard_normal((2, 10, 3))[:, ::2]
+    np.testing.assert_allclose(_C.short_conv_forward(xs, w), short_conv_reference(xs, w), rtol=1e-13)
+    np.testing.assert_allclose(_C.short_conv_forward(np.asfortranarray(xs), w), short_conv_reference(xs, w),
+                               rtol=1e-13)
 
 
 def test_layer_continues_a_sequence_from_its_tail():

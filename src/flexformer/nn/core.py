@@ -211,9 +211,10 @@ class ShortConv(Module):
     kernel, which cannot attend sharply to the last few tokens, gains from (as in Based,
     Arora et al. 2024, and the short convolutions of H3 and Mamba).
 
-    ``forward(x, tail)`` continues a sequence: ``tail`` (B, width - 1, dim) holds the inputs
-    of the width - 1 positions before x (recurrent decoding); :meth:`next_tail` gives the
-    tail after x."""
+    One C pass per direction (``short_conv_forward`` / ``short_conv_backward`` in the
+    extension); :func:`short_conv_reference` is the NumPy twin. ``forward(x, tail)``
+    continues a sequence: ``tail`` (B, width - 1, dim) holds the inputs of the width - 1
+    positions before x (recurrent decoding); :meth:`next_tail` gives the tail after x."""
 
     def __init__(self, dim: int, width: int, *, dtype=np.float32):
         super().__init__()
@@ -227,30 +228,36 @@ class ShortConv(Module):
     def forward(self, x: np.ndarray, tail: Optional[np.ndarray] = None) -> np.ndarray:
         if tail is not None:
             full = np.concatenate([tail.astype(x.dtype, copy=False), x], axis=1)
-            return self._apply(full)[:, tail.shape[1]:]
-        self._x = x
-        return self._apply(x)
-
-    def _apply(self, x: np.ndarray) -> np.ndarray:
-        w = self.w.value
-        y = x * w[0]
-        for j in range(1, min(self.width, x.shape[1])):
-            y[:, j:] += x[:, :-j] * w[j]
-        return y
+            return _C.short_conv_forward(full, self.w.value)[:, tail.shape[1]:]
+        self._x = np.ascontiguousarray(x)
+        return _C.short_conv_forward(self._x, self.w.value)
 
     def next_tail(self, x: np.ndarray, tail: np.ndarray) -> np.ndarray:
         """The last width - 1 inputs after appending x (B, T, dim) to ``tail``."""
         return np.concatenate([tail, x.astype(tail.dtype, copy=False)], axis=1)[:, -(self.width - 1):].copy()
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        x, w = self._x, self.w.value
-        grad = self.w.grad
-        grad[0] += np.einsum("bnd,bnd->d", dy, x)
-        dx = dy * w[0]
-        for j in range(1, min(self.width, x.shape[1])):
-            grad[j] += np.einsum("bnd,bnd->d", dy[:, j:], x[:, :-j])
-            dx[:, :-j] += dy[:, j:] * w[j]
+        dx, dw = _C.short_conv_backward(np.ascontiguousarray(dy, self._x.dtype), self._x, self.w.value)
+        self.w.grad += dw
         return dx
+
+
+def short_conv_reference(x: np.ndarray, w: np.ndarray, dy: Optional[np.ndarray] = None):
+    """The short convolution in NumPy: y for x (B, N, C) and taps w (W, C), or (y, dx, dw)
+    given ``dy``; the twin of the C kernels."""
+    N = x.shape[1]
+    y = x * w[0]
+    for j in range(1, min(len(w), N)):
+        y[:, j:] += x[:, :-j] * w[j]
+    if dy is None:
+        return y
+    dx = dy * w[0]
+    dw = np.zeros_like(w)
+    dw[0] = np.einsum("bnc,bnc->c", dy, x)
+    for j in range(1, min(len(w), N)):
+        dw[j] = np.einsum("bnc,bnc->c", dy[:, j:], x[:, :-j])
+        dx[:, :-j] += dy[:, j:] * w[j]
+    return y, dx, dw
 
 
 class Embedding(Module):
