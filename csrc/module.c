@@ -1026,79 +1026,67 @@ static int short_conv_shapes(PyArrayObject *x, PyArrayObject *w, PyArrayObject *
     return 0;
 }
 
-/* short_conv_forward(x (B,N,C), w (W,C)) -> y (B,N,C) */
-static PyObject *py_short_conv_forward(PyObject *self, PyObject *args)
+/* short_conv_forward(x (B,N,C), w (W,C)) -> y (B,N,C), and with `backward`
+ * short_conv_backward(dy (B,N,C), x (B,N,C), w (W,C)) -> (dx, dw): one path for both. */
+static PyObject *short_conv_entry(PyObject *args, int backward)
 {
-    (void)self;
-    PyObject *x_obj, *w_obj, *result = NULL;
-    PyArrayObject *x = NULL, *w = NULL, *y = NULL;
+    PyObject *dy_obj = NULL, *x_obj, *w_obj, *result = NULL;
+    PyArrayObject *dy = NULL, *x = NULL, *w = NULL, *out = NULL, *dw = NULL;
     int status = FF_OK, typenum;
-    if (!PyArg_ParseTuple(args, "OO:short_conv_forward", &x_obj, &w_obj))
+    if (backward ? !PyArg_ParseTuple(args, "OOO:short_conv_backward", &dy_obj, &x_obj, &w_obj)
+                 : !PyArg_ParseTuple(args, "OO:short_conv_forward", &x_obj, &w_obj))
         return NULL;
     if (!(x = real_array(x_obj, "x", 3, "(B, N, C)", &typenum)) ||
-        !(w = to_array(w_obj, "w", typenum, 2, "(W, C)")) || short_conv_shapes(x, w, NULL) < 0)
-        goto cleanup;
-    y = (PyArrayObject *)PyArray_EMPTY(3, PyArray_DIMS(x), typenum, 0);
-    if (!y)
-        goto cleanup;
-    const size_t B = (size_t)PyArray_DIM(x, 0), N = (size_t)PyArray_DIM(x, 1), C = (size_t)PyArray_DIM(x, 2),
-                 W = (size_t)PyArray_DIM(w, 0);
-    const int nt = KERNEL_THREADS();
-    Py_BEGIN_ALLOW_THREADS
-    if (typenum == NPY_FLOAT)
-        status = short_conv_forward_f32(PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), B, N, C, W, nt);
-    else
-        status = short_conv_forward_f64(PyArray_DATA(y), PyArray_DATA(x), PyArray_DATA(w), B, N, C, W, nt);
-    Py_END_ALLOW_THREADS
-    if (status_to_exception(status) < 0)
-        goto cleanup;
-    result = (PyObject *)y;
-    y = NULL;
-cleanup:
-    Py_XDECREF(x);
-    Py_XDECREF(w);
-    Py_XDECREF(y);
-    return result;
-}
-
-/* short_conv_backward(dy (B,N,C), x (B,N,C), w (W,C)) -> (dx, dw) */
-static PyObject *py_short_conv_backward(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *dy_obj, *x_obj, *w_obj, *result = NULL;
-    PyArrayObject *dy = NULL, *x = NULL, *w = NULL, *dx = NULL, *dw = NULL;
-    int status = FF_OK, typenum;
-    if (!PyArg_ParseTuple(args, "OOO:short_conv_backward", &dy_obj, &x_obj, &w_obj))
-        return NULL;
-    if (!(x = real_array(x_obj, "x", 3, "(B, N, C)", &typenum)) ||
-        !(dy = to_array(dy_obj, "dy", typenum, 3, "(B, N, C)")) ||
+        (backward && !(dy = to_array(dy_obj, "dy", typenum, 3, "(B, N, C)"))) ||
         !(w = to_array(w_obj, "w", typenum, 2, "(W, C)")) || short_conv_shapes(x, w, dy) < 0)
         goto cleanup;
-    dx = (PyArrayObject *)PyArray_EMPTY(3, PyArray_DIMS(x), typenum, 0);
-    dw = (PyArrayObject *)PyArray_EMPTY(2, PyArray_DIMS(w), typenum, 0);
-    if (!dx || !dw)
+    out = (PyArrayObject *)PyArray_EMPTY(3, PyArray_DIMS(x), typenum, 0); /* y or dx */
+    if (backward)
+        dw = (PyArrayObject *)PyArray_EMPTY(2, PyArray_DIMS(w), typenum, 0);
+    if (!out || (backward && !dw))
         goto cleanup;
     const size_t B = (size_t)PyArray_DIM(x, 0), N = (size_t)PyArray_DIM(x, 1), C = (size_t)PyArray_DIM(x, 2),
                  W = (size_t)PyArray_DIM(w, 0);
     const int nt = KERNEL_THREADS();
     Py_BEGIN_ALLOW_THREADS
     if (typenum == NPY_FLOAT)
-        status = short_conv_backward_f32(PyArray_DATA(dx), PyArray_DATA(dw), PyArray_DATA(dy), PyArray_DATA(x),
-                                         PyArray_DATA(w), B, N, C, W, nt);
+        status = backward ? short_conv_backward_f32(PyArray_DATA(out), PyArray_DATA(dw), PyArray_DATA(dy),
+                                                    PyArray_DATA(x), PyArray_DATA(w), B, N, C, W, nt)
+                          : short_conv_forward_f32(PyArray_DATA(out), PyArray_DATA(x), PyArray_DATA(w), B, N, C,
+                                                   W, nt);
     else
-        status = short_conv_backward_f64(PyArray_DATA(dx), PyArray_DATA(dw), PyArray_DATA(dy), PyArray_DATA(x),
-                                         PyArray_DATA(w), B, N, C, W, nt);
+        status = backward ? short_conv_backward_f64(PyArray_DATA(out), PyArray_DATA(dw), PyArray_DATA(dy),
+                                                    PyArray_DATA(x), PyArray_DATA(w), B, N, C, W, nt)
+                          : short_conv_forward_f64(PyArray_DATA(out), PyArray_DATA(x), PyArray_DATA(w), B, N, C,
+                                                   W, nt);
     Py_END_ALLOW_THREADS
     if (status_to_exception(status) < 0)
         goto cleanup;
-    result = PyTuple_Pack(2, dx, dw);
+    if (backward) {
+        result = PyTuple_Pack(2, out, dw);
+    } else {
+        result = (PyObject *)out;
+        out = NULL;
+    }
 cleanup:
     Py_XDECREF(dy);
     Py_XDECREF(x);
     Py_XDECREF(w);
-    Py_XDECREF(dx);
+    Py_XDECREF(out);
     Py_XDECREF(dw);
     return result;
+}
+
+static PyObject *py_short_conv_forward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return short_conv_entry(args, 0);
+}
+
+static PyObject *py_short_conv_backward(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return short_conv_entry(args, 1);
 }
 
 /* ------------------------------------------------------------- test hooks */

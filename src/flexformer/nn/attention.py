@@ -8,7 +8,7 @@ import numpy as np
 from ..attention import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
-from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv
+from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_short_conv
 
 LINFORMER_SHARING = ("none", "headwise", "key-value", "layerwise")
 
@@ -65,9 +65,7 @@ class MultiHeadAttention(Module):
                  qk_norm: bool = False, learn_scale: bool = False, short_conv: int = 0,
                  dtype=np.float32):
         super().__init__()
-        if isinstance(short_conv, bool) or not isinstance(short_conv, (int, np.integer)) or \
-                short_conv < 0 or short_conv == 1:
-            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {short_conv!r}")
+        short_conv = check_short_conv(short_conv)
         if qk_norm and learn_scale:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
                              "choose one")
@@ -85,7 +83,7 @@ class MultiHeadAttention(Module):
         self.k = self.add_child("k", Linear(dim, dim, rng, dtype=dtype))
         self.v = self.add_child("v", Linear(dim, dim, rng, dtype=dtype))
         self.o = self.add_child("o", Linear(dim, dim, rng, dtype=dtype))
-        self.convs = [self.add_child(f"conv_{name}", ShortConv(dim, int(short_conv), dtype=dtype))
+        self.convs = [self.add_child(f"conv_{name}", ShortConv(dim, short_conv, dtype=dtype))
                       if short_conv else None for name in "qkv"]
         options = {k: v for k, v in (kernel_init or {}).items() if k in self.kind.init_options}
         init = self.kind.init(num_heads, self.dh, num_features=num_features, max_len=max_len, rng=rng,

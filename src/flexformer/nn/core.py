@@ -242,6 +242,14 @@ class ShortConv(Module):
         return dx
 
 
+def check_short_conv(value, integer_types=(int, np.integer)) -> int:
+    """The ``short_conv`` option: 0 (none) or a convolution width >= 2 of one of
+    ``integer_types`` (bool excluded), returned as an int; ValueError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, integer_types) or value < 0 or value == 1:
+        raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {value!r}")
+    return int(value)
+
+
 def short_conv_reference(x: np.ndarray, w: np.ndarray, dy: Optional[np.ndarray] = None):
     """The short convolution in NumPy: y for x (B, N, C) and taps w (W, C), or (y, dx, dw)
     given ``dy``; the twin of the C kernels."""

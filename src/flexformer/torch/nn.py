@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..nn.core import check_short_conv
 from ..registry import get_attention
 from .functional import attention
 
@@ -132,8 +133,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
-        if isinstance(short_conv, bool) or not isinstance(short_conv, int) or short_conv < 0 or short_conv == 1:
-            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {short_conv!r}")
+        check_short_conv(short_conv, integer_types=int)
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
         for name in ("q", "k", "v", "o"):
             setattr(self, name, Linear(dim, dim, dtype=dtype))

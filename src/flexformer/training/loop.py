@@ -19,6 +19,7 @@ import numpy as np
 from ..threads import set_num_threads
 from ..init import DEFAULT_MATCH_TAU, DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
 from ..nn import CausalLM, EncoderClassifier, TwoTowerClassifier, cross_entropy
+from ..nn.core import check_short_conv
 from ..registry import get_attention
 from . import checkpoint
 from .optim import AdamW, clip_global_norm, lr_at
@@ -164,9 +165,7 @@ class TrainConfig:
         if self.qk_norm and self.learn_scale:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
                              "choose one")
-        if isinstance(self.short_conv, bool) or not isinstance(self.short_conv, int) or self.short_conv < 0 \
-                or self.short_conv == 1:
-            raise ValueError(f"short_conv must be 0 (off) or a width >= 2, got {self.short_conv!r}")
+        check_short_conv(self.short_conv, integer_types=int)  # a plain int: the configuration is saved as JSON
         if self.diagnostics_every < 0:
             raise ValueError(f"diagnostics_every must be >= 0, got {self.diagnostics_every}")
         if self.task == "pathfinder":
