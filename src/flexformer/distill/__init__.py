@@ -80,11 +80,23 @@ def teacher_rows(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = 
     return a / np.where(den > 0, den, 1)  # a sequence with no real token: zero rows
 
 
-def _student_logits(kind, q, k, key_mask, params, floor):
+def _soft_floor(dot, eps):
+    """g(x) = (x + sqrt(x^2 + 4 eps^2)) / 2 and g'(x) / g(x): a smooth positive stand-in
+    for max(x, 0) (g -> x for x >> eps, g -> eps^2 / |x| for x << -eps, so d log g / dx
+    is about 1 / |x| below zero instead of 0 under the hard floor)."""
+    r = np.sqrt(dot * dot + dot.dtype.type(4.0 * eps * eps))
+    g = (dot + r) * dot.dtype.type(0.5)
+    return g, 1.0 / r  # g'(x) / g(x) = ((1 + x / r) / 2) / ((x + r) / 2) = 1 / r
+
+
+def _student_logits(kind, q, k, key_mask, params, floor, soft_floor=None):
     fq, _ = features(kind, q, params)
     fk, sk = features(kind, k, params)
     dot = np.matmul(fq, np.swapaxes(fk, -1, -2))                       # (S,H,N,N)
-    clipped = np.maximum(dot, q.dtype.type(floor))
+    if soft_floor is not None:
+        clipped, _ = _soft_floor(dot, soft_floor)
+    else:
+        clipped = np.maximum(dot, q.dtype.type(floor))
     ell = sk[..., None, :] + np.log(clipped)
     ell = np.where(key_mask[:, None, None, :], ell, -np.inf)
     top = ell.max(-1, keepdims=True)
@@ -103,7 +115,7 @@ def attention_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Params,
 
 def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_mask: Optional[np.ndarray] = None,
                  *, teacher: Optional[np.ndarray] = None, floor: float = DEFAULT_FLOOR,
-                 grad: bool = True) -> Tuple[float, np.ndarray, Params]:
+                 soft_floor: Optional[float] = None, grad: bool = True) -> Tuple[float, np.ndarray, Params]:
     """Distillation cross-entropy of a kernel against softmax attention, with gradients.
 
     Parameters
@@ -120,6 +132,12 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
         Precomputed :func:`teacher_rows` (S, H, N, N); computed when omitted.
     floor : float
         Lower bound on f(q).f(k) inside the log (module docstring).
+    soft_floor : float, optional
+        eps > 0: the training surrogate. log max(f(q).f(k), floor) becomes log g(f(q).f(k))
+        with g(x) = (x + sqrt(x^2 + 4 eps^2)) / 2, smooth and positive, so an entry at or
+        below zero still gets a gradient that lifts it (under the hard floor it gets none,
+        and a key the teacher attends to can stay there). None (default): the hard floor,
+        the loss every reported figure is measured with.
     grad : bool
         Also return the gradients.
 
@@ -138,7 +156,9 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
     a = teacher_rows(q, k, key_mask) if teacher is None else np.asarray(teacher, dtype=q.dtype)
     if a.shape != (S, H, N, N):
         raise ValueError(f"teacher must have shape (S, H, N, N) = {(S, H, N, N)}, got {a.shape}")
-    fq, fk, dot, clipped, logb = _student_logits(kind, q, k, key_mask, params, floor)
+    if soft_floor is not None and not (np.isfinite(soft_floor) and soft_floor > 0):
+        raise ValueError(f"soft_floor must be None or a finite number > 0, got {soft_floor!r}")
+    fq, fk, dot, clipped, logb = _student_logits(kind, q, k, key_mask, params, floor, soft_floor)
     rows = key_mask[:, None, :]                                           # (S,1,N) rows that count
     nrows = max(int(key_mask.sum()), 1)
     ce = -(a * np.where(key_mask[:, None, None, :], logb, 0)).sum(-1)     # (S,H,N)
@@ -149,7 +169,10 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
     if grad and learnable:
         b = np.exp(logb)
         G = np.where(rows[..., None] & key_mask[:, None, None, :], b - a, 0) / q.dtype.type(nrows * H)
-        Gdot = np.where(dot > floor, G / clipped, 0).astype(q.dtype)      # through log max(dot, floor)
+        if soft_floor is not None:
+            Gdot = (G * _soft_floor(dot, soft_floor)[1]).astype(q.dtype)  # through log g(dot)
+        else:
+            Gdot = np.where(dot > floor, G / clipped, 0).astype(q.dtype)  # through log max(dot, floor)
         dfq = np.matmul(Gdot, fk)
         dfk = np.matmul(np.swapaxes(Gdot, -1, -2), fq)
         dsk = G.sum(-2).astype(q.dtype)
@@ -191,9 +214,9 @@ class FitResult:
     train_loss: List[np.ndarray] = field(default_factory=list)
 
 
-def _batch_loss(kind, data, idx, params, floor, grad=True):
+def _batch_loss(kind, data, idx, params, floor, soft_floor=None, grad=True):
     q, k, mask = data
-    return distill_loss(kind, q[idx], k[idx], params, mask[idx], floor=floor, grad=grad)
+    return distill_loss(kind, q[idx], k[idx], params, mask[idx], floor=floor, soft_floor=soft_floor, grad=grad)
 
 
 def evaluate(kind: str, q, k, key_mask, params: Params, *, batch_size: int = 64,
@@ -215,7 +238,7 @@ def evaluate(kind: str, q, k, key_mask, params: Params, *, batch_size: int = 64,
 def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]],
                 val: Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]], params: Params, *,
                 steps: int = 500, lr: float = 1e-2, batch_size: int = 32, eval_every: int = 25,
-                patience: int = 4, min_delta: float = 1e-4, floor: float = DEFAULT_FLOOR, seed: int = 0, progress: bool = False,
+                patience: int = 4, min_delta: float = 1e-4, floor: float = DEFAULT_FLOOR, soft_floor: Optional[float] = None, seed: int = 0, progress: bool = False,
                 log: Optional[Callable[[str], None]] = None) -> FitResult:
     """Fit one kernel per head by distillation with Adam (the training loop's AdamW, no weight
     decay); keep each head's best parameters.
@@ -265,7 +288,7 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
         idx = rng.choice(len(tq), size=min(batch_size, len(tq)), replace=False)
-        loss, per_head, grads = _batch_loss(kind, (tq, tk, tm), idx, params, floor)
+        loss, per_head, grads = _batch_loss(kind, (tq, tk, tm), idx, params, floor, soft_floor)
         recent.append(per_head)
         for n in learn:
             trained[n].grad[...] = grads[n]
