@@ -253,3 +253,72 @@ def test_sentence_splitting_and_novel_splits(tmp_path):
         (few / name).write_text("x")
     with pytest.raises(ValueError, match="at least three"):
         novel_splits(str(few))
+
+
+def _soft_loss_loop(kind, q, k, p, mask, eps):
+    """Independent twin of the soft-floor loss: per row, b_j = exp(s_k) g(f_q.f_k) / sum, with
+    g(x) = (x + sqrt(x^2 + 4 eps^2)) / 2 written out on the literal phi split into bound and f."""
+    S, H, N, d = q.shape
+    pq, pk = _phi(kind, q, p), _phi(kind, k, p)
+    want = np.zeros(H)
+    for h in range(H):
+        total, rows = 0.0, 0
+        norm = (lambda x: np.exp((x ** 2).sum() * np.exp(-p["tau"][h]))) if kind == "flex_n" else \
+            (lambda x: np.exp((x ** 2).sum() / (2 * np.sqrt(d))))
+        for s in range(S):
+            keys = np.flatnonzero(mask[s])
+            for i in keys:
+                logits = np.array([q[s, h, i] @ k[s, h, j] for j in keys]) / np.sqrt(d)
+                a = np.exp(logits - logits.max())
+                a /= a.sum()
+                bk = np.array([norm(k[s, h, j]) for j in keys])
+                x = np.array([pq[s, h, i] @ pk[s, h, j] for j in keys]) / (norm(q[s, h, i]) * bk)
+                w = bk * (x + np.sqrt(x * x + 4 * eps * eps)) / 2
+                total += -(a * np.log(w / w.sum())).sum()
+                rows += 1
+        want[h] = total / rows
+    return want
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s"])
+def test_soft_floor_loss_matches_a_loop_and_its_gradients_finite_differences(kind):
+    q, k, mask = _data(N=9)
+    p = _params(kind)
+    p = {n: (v * (3.0 if n.startswith("omega") else 1.0)) for n, v in p.items()}  # some f.f below zero
+    eps = 1e-2
+    fq = _phi(kind, q, p)
+    assert (np.einsum("shid,shjd->shij", fq, _phi(kind, k, p)) < 0).any()
+    loss, per_head, grads = distill_loss(kind, q, k, p, mask, soft_floor=eps)
+    np.testing.assert_allclose(per_head, _soft_loss_loop(kind, q, k, p, mask, eps), rtol=1e-10)
+    for name, g in grads.items():
+        pp = dict(p)
+        pp[name] = p[name].copy()
+        num = numerical_gradient(lambda: distill_loss(kind, q, k, pp, mask, soft_floor=eps, grad=False)[0], pp[name])
+        assert np.abs(g - num).max() <= 1e-7 * max(np.abs(num).max(), 1e-3), name
+
+
+def test_soft_floor_lifts_entries_the_hard_floor_leaves_without_gradient():
+    """A kernel whose f.f is negative on the keys the teacher attends to: under the hard floor
+    omega gets no gradient from those entries; the soft floor's gradient step raises them."""
+    q, k, mask = _data(N=9, seed=3)
+    p = _params("flex_s")
+    p["omega"] = p["omega"] * 4.0
+    for eps in (1e-3, 1e-4):  # the float32 form stays finite and positive far below zero
+        g, _ = __import__("flexformer.distill", fromlist=["_soft_floor"])._soft_floor(
+            np.array([-1.0, -1e-3, 0.0, 1e-3, 1.0], np.float32), eps)
+        assert (g > 0).all() and np.isfinite(g).all()
+        assert g[-1] == pytest.approx(1.0, rel=1e-6) and g[0] == pytest.approx(eps * eps, rel=1e-3)
+    hard = distill_loss("flex_s", q, k, p, mask, grad=False)[0]
+    stepped = {}
+    for sf in (None, 1e-3):
+        _, _, grads = distill_loss("flex_s", q, k, p, mask, soft_floor=sf)
+        stepped[sf] = distill_loss("flex_s", q, k, {"omega": p["omega"] - 0.5 * grads["omega"]}, mask, grad=False)[0]
+    assert stepped[1e-3] < hard  # the hard-floor loss itself goes down under the soft step
+
+
+def test_soft_floor_bad_values():
+    q, k, mask = _data()
+    p = _params("flex_n")
+    for bad in (0.0, -1e-3, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="soft_floor must be None or a finite number > 0"):
+            distill_loss("flex_n", q, k, p, mask, soft_floor=bad)

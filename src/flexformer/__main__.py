@@ -370,6 +370,9 @@ def distill_command(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     init.check_scale(args.kernel_init_scale)
     init.check_spread(args.kernel_init_spread)
+    soft_floor = experiment.DISTILL_SOFT_FLOOR if args.soft_floor is None else args.soft_floor
+    if not (np.isfinite(soft_floor) and soft_floor >= 0):
+        raise ValueError(f"--soft-floor must be a finite number >= 0 (0: the hard floor), got {soft_floor}")
     if not os.path.isdir(args.data_dir):
         raise FileNotFoundError(f"--data-dir {args.data_dir} is not a folder of .txt files "
                                 f"(e.g. ../shared/data/austen)")
@@ -383,7 +386,8 @@ def distill_command(args) -> int:
                              val_sentences=args.val_sentences, test_sentences=args.test_sentences,
                              max_len=args.max_len, seed=args.seed, progress=not args.quiet,
                              kernel_init={"scale": args.kernel_init_scale, "spread": args.kernel_init_spread,
-                                          "match_tau": args.kernel_init_match_tau})
+                                          "match_tau": args.kernel_init_match_tau},
+                             soft_floor=soft_floor or None)
     print(experiment.markdown(results))
     if args.out:
         with open(args.out, "w") as fh:
@@ -457,6 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=int, default=None)
     s.add_argument("--out", default=None, help="also write the results as JSON")
+    s.add_argument("--soft-floor", type=float, default=None, metavar="EPS",
+                   help="the trig kinds' training loss takes log of a smooth positive g(f(q).f(k)) instead of "
+                   "max(f(q).f(k), 1e-6), so entries below zero still get a gradient; 0 = the hard floor "
+                   "(default: flexformer.distill.experiment.DISTILL_SOFT_FLOOR; reported figures always use "
+                   "the hard floor)")
     kernel_init_args(s, match_tau=True)  # distillation fits rows: the matched start measured better (docs/results.md 7b)
     s.add_argument("--quiet", action="store_true")
     return parser

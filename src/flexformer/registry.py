@@ -85,6 +85,9 @@ class AttentionKind:
     recurrent: bool = False
     distill: bool = False
     layouts: Tuple[str, ...] = ()
+    #: f(q).f(k) can be zero or negative (the trig kinds); distillation then trains through a
+    #: smooth floor (:data:`flexformer.distill.experiment.DISTILL_SOFT_FLOOR`)
+    signed_features: bool = False
 
     def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
              max_len: Optional[int] = None, rng=None, dtype=np.float64, **options) -> Params:
@@ -190,7 +193,7 @@ def _register(kind: AttentionKind) -> None:
 
 _FREQUENCIES = ("(H, m, d)",)
 _FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.flex_s_size, torch_feature_map=fm.flex_s_features_torch,
-               layouts=_FREQUENCIES)
+               layouts=_FREQUENCIES, signed_features=True)
 _LINEAR_KIND = dict(causal=True, masks=True, key_state=True, recurrent=True)
 
 _register(AttentionKind(
@@ -210,7 +213,7 @@ _register(AttentionKind(
     kernel="flex_n", init_options=("scale", "spread", "match_tau", "symmetric"),
     feature_map=fm.flex_n_features, feature_grad=fm.flex_n_features_grad, feature_size=fm.flex_n_size,
     torch_feature_map=fm.flex_n_features_torch, distill=True, layouts=("(H, m, d)", "(H, m, d)", "(H,)"),
-    **_LINEAR_KIND))
+    signed_features=True, **_LINEAR_KIND))
 _register(AttentionKind(
     "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)",
     ("omega",), (), complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),

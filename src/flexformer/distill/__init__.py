@@ -84,8 +84,11 @@ def _soft_floor(dot, eps):
     """g(x) = (x + sqrt(x^2 + 4 eps^2)) / 2 and g'(x) / g(x): a smooth positive stand-in
     for max(x, 0) (g -> x for x >> eps, g -> eps^2 / |x| for x << -eps, so d log g / dx
     is about 1 / |x| below zero instead of 0 under the hard floor)."""
-    r = np.sqrt(dot * dot + dot.dtype.type(4.0 * eps * eps))
-    g = (dot + r) * dot.dtype.type(0.5)
+    four_eps2 = dot.dtype.type(4.0 * eps * eps)
+    r = np.sqrt(dot * dot + four_eps2)
+    # below zero (x + r) / 2 cancels; the same value as 2 eps^2 / (r - x) keeps its digits
+    with np.errstate(divide="ignore"):  # the unused branch may divide by zero
+        g = np.where(dot >= 0, (dot + r) * dot.dtype.type(0.5), four_eps2 * dot.dtype.type(0.5) / (r - dot))
     return g, 1.0 / r  # g'(x) / g(x) = ((1 + x / r) / 2) / ((x + r) / 2) = 1 / r
 
 
