@@ -44,6 +44,13 @@ def _phi(kind, x, p):
     return reference.hedgehog_phi(x, p["W"])
 
 
+def _teacher_row(qi, keys):
+    """Softmax of q_i.k_j / sqrt d over the given keys, one dot at a time."""
+    logits = np.array([qi @ kj for kj in keys]) / np.sqrt(qi.shape[-1])
+    a = np.exp(logits - logits.max())
+    return a / a.sum()
+
+
 @pytest.mark.parametrize("kind", DISTILL_KINDS)
 def test_loss_matches_a_plain_loop_over_rows(kind):
     """Independent twin: literal phi from flexformer.reference, loops over rows."""
@@ -59,9 +66,7 @@ def test_loss_matches_a_plain_loop_over_rows(kind):
         for s in range(S):
             keys = np.flatnonzero(mask[s])
             for i in keys:
-                logits = np.array([q[s, h, i] @ k[s, h, j] for j in keys]) / np.sqrt(d)
-                a = np.exp(logits - logits.max())
-                a /= a.sum()
+                a = _teacher_row(q[s, h, i], k[s, h, keys])
                 # kernel with the documented floor: exp(s_q + s_k) max(f.f, floor) = max(K, floor |phi_q||phi_k|)
                 # for the trig maps (|f| = bound); for positive maps the floor is never reached here
                 K = np.array([pq[s, h, i] @ pk[s, h, j] for j in keys])
@@ -268,9 +273,7 @@ def _soft_loss_loop(kind, q, k, p, mask, eps):
         for s in range(S):
             keys = np.flatnonzero(mask[s])
             for i in keys:
-                logits = np.array([q[s, h, i] @ k[s, h, j] for j in keys]) / np.sqrt(d)
-                a = np.exp(logits - logits.max())
-                a /= a.sum()
+                a = _teacher_row(q[s, h, i], k[s, h, keys])
                 bk = np.array([norm(k[s, h, j]) for j in keys])
                 x = np.array([pq[s, h, i] @ pk[s, h, j] for j in keys]) / (norm(q[s, h, i]) * bk)
                 w = bk * (x + np.sqrt(x * x + 4 * eps * eps)) / 2
