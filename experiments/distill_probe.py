@@ -3,7 +3,8 @@
     python experiments/distill_probe.py 1,5 '[{"kind": "hedgehog"}, {"kind": "flex_n", "scale": 0.15}]' 300 \
         ../shared/data/austen
 
-Each variant is a kind with optional "m" (features), "lr" and the kind's init options;
+Each variant is a kind with optional "m" (features), "lr", "soft_floor" (the training
+loss's smooth floor; absent: the hard one) and the kind's init options;
 the layers are fitted as ``flexformer.distill.experiment.distill_layers`` fits them (same
 splits and sentence counts), one JSON line per variant on stdout (needs the distill extra).
 """
@@ -26,7 +27,7 @@ data = {}
 for split in ("train", "val"):
     data[split] = TeacherData(weights, tok, _sample(read_sentences(splits[split]), counts[split], rng), 64)
 for v in variants:
-    kind = v.pop("kind"); m = v.pop("m", 32); lr = v.pop("lr", 1e-2)
+    kind = v.pop("kind"); m = v.pop("m", 32); lr = v.pop("lr", 1e-2); soft_floor = v.pop("soft_floor", None)
     spec = get_attention(kind)
     kls = []
     t0 = time.time()
@@ -34,8 +35,9 @@ for v in variants:
         q, k, mk = data["val"].layer(i)
         H, d = q.shape[1], q.shape[3]
         init = spec.init(H, d, num_features=m, rng=i, dtype=np.float32, **v)
-        res = fit_kernels(kind, data["train"].layer(i), data["val"].layer(i), init, steps=steps, lr=lr, seed=i)
+        res = fit_kernels(kind, data["train"].layer(i), data["val"].layer(i), init, steps=steps, lr=lr, seed=i,
+                          soft_floor=soft_floor)
         ent = teacher_entropy(q.astype(np.float64), k.astype(np.float64), mk)
         kls.append(float(np.mean(res.best_val - ent)))
-    print(json.dumps({"kind": kind, "m": m, "lr": lr, **v, "layers": layers, "kl": kls, "mean": float(np.mean(kls)),
+    print(json.dumps({"kind": kind, "m": m, "lr": lr, "soft_floor": soft_floor, **v, "layers": layers, "kl": kls, "mean": float(np.mean(kls)),
                       "s": round(time.time() - t0)}), flush=True)

@@ -7,8 +7,8 @@ import pytest
 
 import flexformer as ff
 from flexformer import reference
-from flexformer.distill import (DISTILL_KINDS, attention_rows, distill_loss, evaluate, fit_kernels, teacher_entropy,
-                                teacher_rows)
+from flexformer.distill import (DISTILL_KINDS, _soft_floor, attention_rows, distill_loss, evaluate, fit_kernels,
+                                teacher_entropy, teacher_rows)
 from flexformer.testing import numerical_gradient
 
 
@@ -307,8 +307,7 @@ def test_soft_floor_lifts_entries_the_hard_floor_leaves_without_gradient():
     p = _params("flex_s")
     p["omega"] = p["omega"] * 4.0
     for eps in (1e-3, 1e-4):  # the float32 form stays finite and positive far below zero
-        g, _ = __import__("flexformer.distill", fromlist=["_soft_floor"])._soft_floor(
-            np.array([-1.0, -1e-3, 0.0, 1e-3, 1.0], np.float32), eps)
+        g, _ = _soft_floor(np.array([-1.0, -1e-3, 0.0, 1e-3, 1.0], np.float32), eps)
         assert (g > 0).all() and np.isfinite(g).all()
         assert g[-1] == pytest.approx(1.0, rel=1e-6) and g[0] == pytest.approx(eps * eps, rel=1e-3)
     hard = distill_loss("flex_s", q, k, p, mask, grad=False)[0]
@@ -325,3 +324,5 @@ def test_soft_floor_bad_values():
     for bad in (0.0, -1e-3, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="soft_floor must be None or a finite number > 0"):
             distill_loss("flex_n", q, k, p, mask, soft_floor=bad)
+        with pytest.raises(ValueError, match="soft_floor must be None or a finite number > 0"):
+            fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=1, soft_floor=bad)

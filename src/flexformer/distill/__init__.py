@@ -80,6 +80,11 @@ def teacher_rows(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = 
     return a / np.where(den > 0, den, 1)  # a sequence with no real token: zero rows
 
 
+def _check_soft_floor(soft_floor):
+    if soft_floor is not None and not (np.isfinite(soft_floor) and soft_floor > 0):
+        raise ValueError(f"soft_floor must be None or a finite number > 0, got {soft_floor!r}")
+
+
 def _soft_floor(dot, eps):
     """g(x) = (x + sqrt(x^2 + 4 eps^2)) / 2 and g'(x) / g(x): a smooth positive stand-in
     for max(x, 0) (g -> x for x >> eps, g -> eps^2 / |x| for x << -eps, so d log g / dx
@@ -96,8 +101,9 @@ def _student_logits(kind, q, k, key_mask, params, floor, soft_floor=None):
     fq, _ = features(kind, q, params)
     fk, sk = features(kind, k, params)
     dot = np.matmul(fq, np.swapaxes(fk, -1, -2))                       # (S,H,N,N)
+    dlog_soft = None  # d log g / d dot under the soft floor, for the gradient
     if soft_floor is not None:
-        clipped, _ = _soft_floor(dot, soft_floor)
+        clipped, dlog_soft = _soft_floor(dot, soft_floor)
     else:
         clipped = np.maximum(dot, q.dtype.type(floor))
     ell = sk[..., None, :] + np.log(clipped)
@@ -106,7 +112,7 @@ def _student_logits(kind, q, k, key_mask, params, floor, soft_floor=None):
     top = np.where(np.isfinite(top), top, 0)
     total = np.exp(ell - top).sum(-1, keepdims=True)
     lse = top + np.log(np.where(total > 0, total, 1))
-    return fq, fk, dot, clipped, ell - lse
+    return fq, fk, dot, clipped, dlog_soft, ell - lse
 
 
 def attention_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Params,
@@ -159,9 +165,8 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
     a = teacher_rows(q, k, key_mask) if teacher is None else np.asarray(teacher, dtype=q.dtype)
     if a.shape != (S, H, N, N):
         raise ValueError(f"teacher must have shape (S, H, N, N) = {(S, H, N, N)}, got {a.shape}")
-    if soft_floor is not None and not (np.isfinite(soft_floor) and soft_floor > 0):
-        raise ValueError(f"soft_floor must be None or a finite number > 0, got {soft_floor!r}")
-    fq, fk, dot, clipped, logb = _student_logits(kind, q, k, key_mask, params, floor, soft_floor)
+    _check_soft_floor(soft_floor)
+    fq, fk, dot, clipped, dlog_soft, logb = _student_logits(kind, q, k, key_mask, params, floor, soft_floor)
     rows = key_mask[:, None, :]                                           # (S,1,N) rows that count
     nrows = max(int(key_mask.sum()), 1)
     ce = -(a * np.where(key_mask[:, None, None, :], logb, 0)).sum(-1)     # (S,H,N)
@@ -173,7 +178,7 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
         b = np.exp(logb)
         G = np.where(rows[..., None] & key_mask[:, None, None, :], b - a, 0) / q.dtype.type(nrows * H)
         if soft_floor is not None:
-            Gdot = (G * _soft_floor(dot, soft_floor)[1]).astype(q.dtype)  # through log g(dot)
+            Gdot = (G * dlog_soft).astype(q.dtype)                         # through log g(dot)
         else:
             Gdot = np.where(dot > floor, G / clipped, 0).astype(q.dtype)  # through log max(dot, floor)
         dfq = np.matmul(Gdot, fk)
@@ -241,7 +246,8 @@ def evaluate(kind: str, q, k, key_mask, params: Params, *, batch_size: int = 64,
 def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]],
                 val: Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]], params: Params, *,
                 steps: int = 500, lr: float = 1e-2, batch_size: int = 32, eval_every: int = 25,
-                patience: int = 4, min_delta: float = 1e-4, floor: float = DEFAULT_FLOOR, soft_floor: Optional[float] = None, seed: int = 0, progress: bool = False,
+                patience: int = 4, min_delta: float = 1e-4, floor: float = DEFAULT_FLOOR,
+                soft_floor: Optional[float] = None, seed: int = 0, progress: bool = False,
                 log: Optional[Callable[[str], None]] = None) -> FitResult:
     """Fit one kernel per head by distillation with Adam (the training loop's AdamW, no weight
     decay); keep each head's best parameters.
@@ -260,6 +266,9 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     eval_every, patience : int
         Evaluate on ``val`` every ``eval_every`` steps; stop when no head has improved
         by more than ``min_delta`` (relative) for ``patience`` evaluations in a row.
+    soft_floor : float, optional
+        The training steps' loss (:func:`distill_loss`'s ``soft_floor``); the held-out
+        evaluations that pick the best parameters always use the hard ``floor``.
     progress : bool
         A one-line progress display on stderr.
     """
@@ -271,6 +280,7 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
             raise ValueError(f"{name} must be a positive int, got {val_!r}")
     if not (np.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be finite and > 0, got {lr}")
+    _check_soft_floor(soft_floor)
     tq, tk, tm = train
     tq = np.asarray(tq)
     tm = np.ones(tq.shape[:1] + tq.shape[2:3], bool) if tm is None else np.asarray(tm)
