@@ -4,7 +4,8 @@
         ../shared/data/austen
 
 Each variant is a kind with optional "m" (features), "lr", "soft_floor" (the training
-loss's smooth floor; absent: the hard one) and the kind's init options;
+loss's smooth floor; absent: the hard one), "decay" (true: a cosine to lr/10) and the
+kind's init options;
 the layers are fitted as ``flexformer.distill.experiment.distill_layers`` fits them (same
 splits and sentence counts), one JSON line per variant on stdout (needs the distill extra).
 """
@@ -28,6 +29,7 @@ for split in ("train", "val"):
     data[split] = TeacherData(weights, tok, _sample(read_sentences(splits[split]), counts[split], rng), 64)
 for v in variants:
     kind = v.pop("kind"); m = v.pop("m", 32); lr = v.pop("lr", 1e-2); soft_floor = v.pop("soft_floor", None)
+    decay = v.pop("decay", False)
     spec = get_attention(kind)
     kls = []
     t0 = time.time()
@@ -36,8 +38,8 @@ for v in variants:
         H, d = q.shape[1], q.shape[3]
         init = spec.init(H, d, num_features=m, rng=i, dtype=np.float32, **v)
         res = fit_kernels(kind, data["train"].layer(i), data["val"].layer(i), init, steps=steps, lr=lr, seed=i,
-                          soft_floor=soft_floor)
+                          soft_floor=soft_floor, decay=decay)
         ent = teacher_entropy(q.astype(np.float64), k.astype(np.float64), mk)
         kls.append(float(np.mean(res.best_val - ent)))
-    print(json.dumps({"kind": kind, "m": m, "lr": lr, "soft_floor": soft_floor, **v, "layers": layers, "kl": kls, "mean": float(np.mean(kls)),
+    print(json.dumps({"kind": kind, "m": m, "lr": lr, "soft_floor": soft_floor, "decay": decay, **v, "layers": layers, "kl": kls, "mean": float(np.mean(kls)),
                       "s": round(time.time() - t0)}), flush=True)

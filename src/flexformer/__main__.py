@@ -26,6 +26,7 @@ from . import __version__, flex_n_attention, flex_n_attention_backward, get_num_
 from . import openmp_enabled, reference, set_num_threads
 from ._timing import median_seconds
 from .distill import DISTILL_KINDS
+from .distill.experiment import DISTILL_DECAY
 from .registry import attention_kinds
 
 
@@ -387,7 +388,7 @@ def distill_command(args) -> int:
                              max_len=args.max_len, seed=args.seed, progress=not args.quiet,
                              kernel_init={"scale": args.kernel_init_scale, "spread": args.kernel_init_spread,
                                           "match_tau": args.kernel_init_match_tau},
-                             soft_floor=soft_floor or None)
+                             soft_floor=soft_floor or None, decay=args.lr_schedule == "cosine")
     print(experiment.markdown(results))
     if args.out:
         with open(args.out, "w") as fh:
@@ -453,6 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--features", type=int, default=32, help="m per head (default 32)")
     s.add_argument("--steps", type=int, default=300, help="Adam steps per layer (default 300)")
     s.add_argument("--lr", type=float, default=1e-2)
+    s.add_argument("--lr-schedule", choices=("cosine", "constant"),
+                   default="cosine" if DISTILL_DECAY else "constant",
+                   help="cosine: the rate falls from --lr to --lr/10 over --steps; constant: it stays --lr "
+                   "(default: %(default)s, flexformer.distill.experiment.DISTILL_DECAY)")
     s.add_argument("--batch-size", type=int, default=32, help="sentences per step (default 32)")
     s.add_argument("--train-sentences", type=int, default=512)
     s.add_argument("--val-sentences", type=int, default=128)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..nn.core import Parameter
 from ..registry import attention_kinds, check_param_shapes, feature_backward, features, get_attention, require_params
-from ..training.optim import AdamW
+from ..training.optim import AdamW, lr_at
 
 Params = Dict[str, np.ndarray]
 #: the registry's kinds marked ``distill``
@@ -247,8 +247,8 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
                 val: Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]], params: Params, *,
                 steps: int = 500, lr: float = 1e-2, batch_size: int = 32, eval_every: int = 25,
                 patience: int = 4, min_delta: float = 1e-4, floor: float = DEFAULT_FLOOR,
-                soft_floor: Optional[float] = None, seed: int = 0, progress: bool = False,
-                log: Optional[Callable[[str], None]] = None) -> FitResult:
+                soft_floor: Optional[float] = None, decay: bool = False, seed: int = 0,
+                progress: bool = False, log: Optional[Callable[[str], None]] = None) -> FitResult:
     """Fit one kernel per head by distillation with Adam (the training loop's AdamW, no weight
     decay); keep each head's best parameters.
 
@@ -269,6 +269,9 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     soft_floor : float, optional
         The training steps' loss (:func:`distill_loss`'s ``soft_floor``); the held-out
         evaluations that pick the best parameters always use the hard ``floor``.
+    decay : bool
+        False: the rate stays ``lr``; True: it falls from ``lr`` to ``lr / 10`` over
+        ``steps`` along a cosine (the training loop's schedule without warmup).
     progress : bool
         A one-line progress display on stderr.
     """
@@ -281,6 +284,8 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     if not (np.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be finite and > 0, got {lr}")
     _check_soft_floor(soft_floor)
+    if not isinstance(decay, (bool, np.bool_)):
+        raise ValueError(f"decay must be a bool, got {decay!r}")
     tq, tk, tm = train
     tq = np.asarray(tq)
     tm = np.ones(tq.shape[:1] + tq.shape[2:3], bool) if tm is None else np.asarray(tm)
@@ -305,7 +310,7 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
         recent.append(per_head)
         for n in learn:
             trained[n].grad[...] = grads[n]
-        opt.step(lr)
+        opt.step(lr_at(step - 1, base_lr=lr, warmup=0, total=steps) if decay else lr)
         if step % eval_every == 0 or step == steps:
             cur = evaluate(kind, vq, vk, vm, params, floor=floor)
             best_before = best_val.copy()
