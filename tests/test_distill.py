@@ -355,3 +355,22 @@ def test_decay_follows_a_cosine_to_a_tenth_of_lr():
     assert np.abs(flat.params["omega1"] - want["omega1"]).max() > 1e-4
     with pytest.raises(ValueError, match="decay must be a bool"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=1, decay="cosine")
+
+
+def test_distill_command_defaults_are_the_experiments():
+    """`python -m flexformer distill` starts as the experiment does (DISTILL_INIT, the
+    cosine rate), while `train` keeps the training start; flags override."""
+    from flexformer.__main__ import build_parser
+    from flexformer.distill.experiment import DISTILL_DECAY, DISTILL_INIT
+    from flexformer.init import DEFAULT_SCALE
+
+    args = build_parser().parse_args(["distill", "--data-dir", "x"])
+    assert args.kernel_init_scale == DISTILL_INIT["scale"] != DEFAULT_SCALE
+    assert args.kernel_init_match_tau is DISTILL_INIT["match_tau"]
+    assert args.lr_schedule == ("cosine" if DISTILL_DECAY else "constant")
+    assert build_parser().parse_args(["train"]).kernel_init_scale == DEFAULT_SCALE
+    args = build_parser().parse_args(["distill", "--data-dir", "x", "--kernel-init-scale", "0.3",
+                                      "--lr-schedule", "constant"])
+    assert args.kernel_init_scale == 0.3 and args.lr_schedule == "constant"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["distill", "--data-dir", "x", "--lr-schedule", "linear"])

@@ -26,7 +26,7 @@ from . import __version__, flex_n_attention, flex_n_attention_backward, get_num_
 from . import openmp_enabled, reference, set_num_threads
 from ._timing import median_seconds
 from .distill import DISTILL_KINDS
-from .distill.experiment import DISTILL_DECAY
+from .distill.experiment import DISTILL_DECAY, DISTILL_INIT
 from .registry import attention_kinds
 
 
@@ -130,14 +130,16 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                         f"(default {d.diagnostics_every})")
 
 
-def kernel_init_args(p: argparse.ArgumentParser, match_tau: Optional[bool] = None) -> None:
+def kernel_init_args(p: argparse.ArgumentParser, match_tau: Optional[bool] = None,
+                     scale: Optional[float] = None) -> None:
     """The attention kernel's initialisation options (shared with the torch trainer and
-    distillation); ``match_tau`` overrides the default tau start of this command."""
+    distillation); ``match_tau`` and ``scale`` override the default start of this command."""
     from .init import DEFAULT_MATCH_TAU, DEFAULT_SCALE, DEFAULT_SPREAD
 
-    p.add_argument("--kernel-init-scale", type=float, default=DEFAULT_SCALE,
+    scale = DEFAULT_SCALE if scale is None else scale
+    p.add_argument("--kernel-init-scale", type=float, default=scale,
                    help="bandwidth scale s of the initial frequencies of flex_s, flex_n and rfa: rows "
-                        f"~ N(0, s^2 I / sqrt d); 1 = the unbiased softmax estimate (default {DEFAULT_SCALE})")
+                        f"~ N(0, s^2 I / sqrt d); 1 = the unbiased softmax estimate (default {scale})")
     p.add_argument("--kernel-init-spread", type=float, default=DEFAULT_SPREAD,
                    help="spread r in [0, 1] between flex_n's initial omega1 and omega2; 0 = equal "
                         f"(default {DEFAULT_SPREAD})")
@@ -471,7 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "max(f(q).f(k), 1e-6), so entries below zero still get a gradient; 0 = the hard floor "
                    "(default: flexformer.distill.experiment.DISTILL_SOFT_FLOOR; reported figures always use "
                    "the hard floor)")
-    kernel_init_args(s, match_tau=True)  # distillation fits rows: the matched start measured better (docs/results.md 7b)
+    # distillation fits rows: the matched, narrower start measured better (docs/results.md 7b, 17)
+    kernel_init_args(s, match_tau=DISTILL_INIT["match_tau"], scale=DISTILL_INIT["scale"])
     s.add_argument("--quiet", action="store_true")
     return parser
 
