@@ -324,31 +324,19 @@ class RecurrentAttention:
         state.tokens += q.shape[2]
         return out
 
-    def _fast(self, state, q, k, v, key_mask) -> bool:
-        """Whether a step can go straight to the C kernel, which checks every shape itself:
-        plain arrays of the state's dtype and value size, q and k of one shape, a bool mask
-        or none, T >= 1. Anything else takes the full checks (and their messages). Written
-        for speed (a decoding step is about 20 us): identity tests on dtypes, whole-tuple
-        comparisons on shapes."""
-        if self._kernel is None or type(state) is not LinearAttentionState or type(q) is not np.ndarray \
-                or type(k) is not np.ndarray or type(v) is not np.ndarray:
-            return False
-        qs, vs, dt = q.shape, v.shape, state.packed.dtype
-        if not (len(qs) == 4 and k.shape == qs and len(vs) == 4 and vs[:3] == qs[:3] and qs[2] >= 1
-                and (q.dtype is dt or q.dtype == dt) and (k.dtype is dt or k.dtype == dt)
-                and (v.dtype is dt or v.dtype == dt)):
-            return False
-        if key_mask is not None and not (type(key_mask) is np.ndarray and key_mask.dtype == np.bool_
-                                         and key_mask.shape == (qs[0], qs[2])):
-            return False
-        d = qs[3]
-        features = self._features_for.get(d)
-        if features is None:
-            try:
-                features = self._features_for[d] = _num_features(self.kind, self.params, d)
-            except ValueError:
-                return False  # parameters that do not fit this head size: the full checks say so
-        return state._S.shape == (qs[0], qs[1], features, vs[3])
+    def _try_kernel(self, state, q, k, v, key_mask) -> Optional[np.ndarray]:
+        """A step's fast path (a decoding step is about 20 us, and checks written in Python
+        cost more than 1 us of it): the C kernel checks every dtype and shape itself, and
+        moves the state only once they pass, so it is called first. None when it refuses
+        the arguments or they hold no token: the caller then runs the full checks, which
+        say what is wrong in this class's terms (T = 0, which the kernel accepts, included)."""
+        if self._kernel is None or type(state) is not LinearAttentionState:
+            return None
+        try:
+            out = self._run_kernel(state, q, k, v, key_mask)
+        except (TypeError, ValueError):
+            return None
+        return out if out.shape[2] else None
 
     def _parallel(self, q, k, v, key_mask):
         if self.kind == USER_FEATURES:
@@ -445,8 +433,9 @@ class RecurrentAttention:
              key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Advance ``state`` in place by T >= 1 tokens (q, k: (B, H, T, d); v: (B, H, T, e));
         returns their outputs (B, H, T, e), row t seeing every earlier key and keys <= t."""
-        if self._fast(state, q, k, v, key_mask):
-            return self._run_kernel(state, q, k, v, key_mask)
+        out = self._try_kernel(state, q, k, v, key_mask)
+        if out is not None:
+            return out
         q, k, v, key_mask = self._check_inputs(q, k, v, key_mask, state)
         if self._kv_cache:
             return self._softmax_step(state, q, k, v, key_mask)
