@@ -310,7 +310,6 @@ class RecurrentAttention:
         name = USER_FEATURES if spec is None else spec.kernel if spec._forward is None and spec.key_state else None
         self._kernel = getattr(_C, f"{name}_forward") if name else None
         self._kernel_params = tuple(self.params[n] for n in (spec.params if spec else ()))  # the kernel's order
-        self._features_for: Dict[int, int] = {}  # head size d -> F
         self.eps = check_real("eps", eps)
         if not (np.isfinite(self.eps) and self.eps > 0):
             raise ValueError(f"eps must be finite and > 0, got {eps}")
