@@ -139,3 +139,39 @@ def test_fork_while_another_thread_uses_the_cache():
     finally:
         stop.set()
         worker.join()
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "performer"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bidirectional_backward_writes_every_gradient_element(kind, threads):
+    """The bidirectional backward clears each block of dq and dk just before adding to it
+    and writes dv outright, instead of zeroing the gradients up front: blocks of the cache
+    that come back holding NaN must not leak into any element, including the pairs whose
+    keys are all masked (no state) and a key state-less call (one (b,h) per thread split
+    into segments when B H < threads)."""
+    rng = np.random.default_rng(4)
+    spec = ff.get_attention(kind)
+    old = ff.get_num_threads()
+    ff.set_num_threads(threads)
+    try:
+        for B, H, N in ((2, 3, 2000), (1, 1, 9000)):  # gradients of 1.5 and 1.1 MiB: cached sizes
+            q, k, v, do = (rng.standard_normal((B, H, N, 32)).astype(np.float32) * 0.4 for _ in range(4))
+            mask = np.ones((B, N), bool)
+            mask[-1] = False  # the last batch row sees no key at all
+            p = spec.init(H, 32, num_features=16, rng=1, dtype=np.float32)
+            for key_mask in (None, mask):
+                _, state = spec.forward(q, k, v, p, key_mask=key_mask, return_key_state=True)
+                for st in (state, None):
+                    want = spec.backward(do, q, k, v, p, key_mask=key_mask, key_state=st)
+                    want = [a.copy() for a in want[:3]]
+                    stale = spec.backward(do, q, k, v, p, key_mask=key_mask, key_state=st)
+                    for a in stale[:3]:
+                        a.fill(np.nan)  # these blocks go back to the cache poisoned ...
+                    del stale
+                    got = spec.backward(do, q, k, v, p, key_mask=key_mask, key_state=st)  # ... and are reused
+                    for g, w in zip(got[:3], want):
+                        np.testing.assert_array_equal(g, w)
+                    if key_mask is not None:
+                        assert not got[0][-1].any() and not got[1][-1].any() and not got[2][-1].any()
+    finally:
+        ff.set_num_threads(old)
