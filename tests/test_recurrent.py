@@ -16,10 +16,10 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "au
 TOL = {np.float64: 1e-10, np.float32: 2e-4}
 
 
-def _setup(kind, dtype, B=1, H=2, N=64, d=6, seed=0, scale=0.6):
+def _setup(kind, dtype, B=1, H=2, N=64, d=6, seed=0, scale=0.6, m=5):
     rng = np.random.default_rng(seed)
     q, k, v = (rng.standard_normal((B, H, N, d)).astype(dtype) * dtype(scale) for _ in range(3))
-    params = {} if kind == "linear" else ff.get_attention(kind).init(H, d, num_features=5, rng=seed, dtype=dtype)
+    params = {} if kind == "linear" else ff.get_attention(kind).init(H, d, num_features=m, rng=seed, dtype=dtype)
     if kind == "linear":  # the generic kind takes features: make them non-negative
         q, k = np.abs(q) + dtype(0.1), np.abs(k) + dtype(0.1)
     return RecurrentAttention(kind, params), q, k, v
@@ -322,6 +322,27 @@ def test_c_state_matches_the_numpy_recurrence(kind, dtype):
     for x, y in ((a.S, b.S), (a.z, b.z), (a.R, b.R)):
         assert _rel(x, y.astype(np.float64)) < TOL[dtype]
     assert a.tokens == b.tokens == 300
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s"])
+@pytest.mark.parametrize("d,m", [(16, 13), (64, 64), (40, 6)])
+def test_steps_at_whole_vector_head_sizes_match_the_numpy_recurrence(kind, dtype, d, m):
+    """A step projects its query and key in one pass over the frequencies (row dots of two
+    vectors, groups of four rows, a vector epilogue when d is whole vectors): head sizes of
+    whole vectors and feature counts that leave a partial group, against the NumPy twin."""
+    rec, q, k, v = _setup(kind, dtype, B=2, H=3, N=40, d=d, m=m)
+    twin = RecurrentAttention(kind, rec.params)
+    twin._kernel = None  # the NumPy path
+    outs, states = {}, {}
+    for name, r in (("c", rec), ("numpy", twin)):
+        _, states[name] = r.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+        outs[name] = np.concatenate([r.step(states[name], q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+                                     for t in range(8, 40)], axis=2)
+    assert _rel(outs["c"], outs["numpy"].astype(np.float64)) < TOL[dtype]
+    # the state too: the output alone cannot see frequencies permuted alike for q and k
+    for x, y in ((states["c"].S, states["numpy"].S), (states["c"].z, states["numpy"].z)):
+        assert _rel(x, y.astype(np.float64)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
