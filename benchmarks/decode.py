@@ -10,7 +10,9 @@ at most 20 us per token per layer, flat from context 256 to 65,536. For each con
 length t the state after t tokens is built (a parallel causal prefill for the linear
 kinds; for softmax the key-value cache is filled directly, since a quadratic prefill
 at 65536 would take minutes and is not what is being measured), then --steps single
-tokens are stepped and the median time per token is reported, with the state's size.
+tokens are stepped, in ten blocks with the contexts taking turns (a slow spell of a shared
+machine then falls on every context alike), and the median time per token is reported,
+with the state's size.
 The linear kinds keep a fixed (2m x e) state, so their cost per token is flat; softmax
 attends over its whole cache, so its cost and memory grow with t. Writes JSON to --out.
 """
@@ -39,7 +41,11 @@ def build_state(kind: str, rec: RecurrentAttention, context: int, rng: np.random
     return rec.prefill(q, k, v)[1]
 
 
-def time_steps(rec: RecurrentAttention, state, steps: int, rng: np.random.Generator) -> float:
+ROUNDS = 10  # each context's steps are timed in this many blocks, the contexts taking turns
+
+
+def time_steps(rec: RecurrentAttention, state, steps: int, rng: np.random.Generator) -> list:
+    """Seconds of each of `steps` single-token steps (after three untimed ones)."""
     tokens = [tuple(rng.standard_normal((B, H, 1, D), dtype=np.float32) * np.float32(0.5) for _ in range(3))
               for _ in range(steps + 3)]
     for q, k, v in tokens[:3]:  # warm-up
@@ -49,7 +55,20 @@ def time_steps(rec: RecurrentAttention, state, steps: int, rng: np.random.Genera
         t0 = time.perf_counter()
         rec.step(state, q, k, v)
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return times
+
+
+def time_contexts(rec: RecurrentAttention, states: dict, steps: int, rng: np.random.Generator) -> dict:
+    """Median seconds per step for every context's state, the contexts taking turns in
+    ROUNDS blocks, so that a slow spell of the machine falls on all of them alike rather
+    than on whichever context happened to be timed then."""
+    times = {t: [] for t in states}
+    rounds = min(ROUNDS, steps)
+    for r in range(rounds):
+        block = steps // rounds + (r < steps % rounds)
+        for t, state in states.items():
+            times[t] += time_steps(rec, state, block, rng)
+    return {t: float(np.median(x)) for t, x in times.items()}
 
 
 def main(argv=None) -> int:
@@ -71,13 +90,13 @@ def main(argv=None) -> int:
     for kind in args.kinds.split(","):
         params = ff.get_attention(kind).init(H, D, num_features=M, rng=0, dtype=np.float32)
         rec = RecurrentAttention(kind, params)
+        states = {t: build_state(kind, rec, t, rng) for t in contexts}
+        seconds = time_contexts(rec, states, steps, rng)
         for t in contexts:
-            state = build_state(kind, rec, t, rng)
-            sec = time_steps(rec, state, steps, rng)
-            row = {"kind": kind, "context": t, "ms_per_token": sec * 1e3, "state_bytes": int(state.nbytes)}
-            rows.append(row)
-            print(f"{kind:10s} {t:8d} {sec * 1e3:9.3f} {state.nbytes / 2**20:8.2f} MiB", flush=True)
-            del state
+            sec, nbytes = seconds[t], states[t].nbytes
+            rows.append({"kind": kind, "context": t, "ms_per_token": sec * 1e3, "state_bytes": int(nbytes)})
+            print(f"{kind:10s} {t:8d} {sec * 1e3:9.4f} {nbytes / 2**20:8.2f} MiB", flush=True)
+        del states
     for kind in args.kinds.split(","):
         mine = [r for r in rows if r["kind"] == kind]
         print(f"{kind}: time({mine[-1]['context']}) / time({mine[0]['context']}) = "
