@@ -304,10 +304,14 @@ def test_the_c_step_serves_every_kind_with_a_c_kernel():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("kind", C_KINDS)
-def test_c_state_matches_the_numpy_recurrence(kind, dtype):
+@pytest.mark.parametrize("d,m", [(6, 5), (16, 13), (64, 64), (40, 6)])
+def test_c_state_matches_the_numpy_recurrence(kind, dtype, d, m):
     """The C kernel continuing a packed state against the NumPy recurrence of this module
-    (features from the NumPy twins, _absorb / _advance): outputs and every part of the state."""
-    rec, q, k, v = _setup(kind, dtype, B=2, N=300)
+    (features from the NumPy twins, _absorb / _advance): outputs and every part of the state.
+    Head sizes of whole vectors and feature counts that leave a partial group of rows reach
+    the steps' row dots (q and k in one pass, a vector epilogue); the state is compared too
+    because the outputs alone cannot see frequencies permuted alike for q and k."""
+    rec, q, k, v = _setup(kind, dtype, B=2, N=300, d=d, m=m)
     mask = np.random.default_rng(2).random((2, 300)) < 0.8
     twin = RecurrentAttention(kind, rec.params)
     twin._kernel = None  # the NumPy path
@@ -322,27 +326,6 @@ def test_c_state_matches_the_numpy_recurrence(kind, dtype):
     for x, y in ((a.S, b.S), (a.z, b.z), (a.R, b.R)):
         assert _rel(x, y.astype(np.float64)) < TOL[dtype]
     assert a.tokens == b.tokens == 300
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("kind", ["flex_n", "flex_s"])
-@pytest.mark.parametrize("d,m", [(16, 13), (64, 64), (40, 6)])
-def test_steps_at_whole_vector_head_sizes_match_the_numpy_recurrence(kind, dtype, d, m):
-    """A step projects its query and key in one pass over the frequencies (row dots of two
-    vectors, groups of four rows, a vector epilogue when d is whole vectors): head sizes of
-    whole vectors and feature counts that leave a partial group, against the NumPy twin."""
-    rec, q, k, v = _setup(kind, dtype, B=2, H=3, N=40, d=d, m=m)
-    twin = RecurrentAttention(kind, rec.params)
-    twin._kernel = None  # the NumPy path
-    outs, states = {}, {}
-    for name, r in (("c", rec), ("numpy", twin)):
-        _, states[name] = r.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
-        outs[name] = np.concatenate([r.step(states[name], q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
-                                     for t in range(8, 40)], axis=2)
-    assert _rel(outs["c"], outs["numpy"].astype(np.float64)) < TOL[dtype]
-    # the state too: the output alone cannot see frequencies permuted alike for q and k
-    for x, y in ((states["c"].S, states["numpy"].S), (states["c"].z, states["numpy"].z)):
-        assert _rel(x, y.astype(np.float64)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
