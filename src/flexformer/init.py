@@ -292,7 +292,9 @@ def hedgehog_weights(
     _check_sizes(num_heads=num_heads, head_dim=head_dim, num_features=m)
     dt = _check_dtype(dtype)
     if m == head_dim:
-        return np.broadcast_to(np.eye(head_dim), (num_heads, head_dim, m)).astype(dt)
+        # a C-ordered copy: astype of the broadcast view kept its strides, and the kernels
+        # copied the non-contiguous W on every call (a third of a decoding step)
+        return np.ascontiguousarray(np.broadcast_to(np.eye(head_dim, dtype=dt), (num_heads, head_dim, m)))
     return (as_generator(rng).standard_normal((num_heads, head_dim, m)) / np.sqrt(head_dim)).astype(dt)
 
 
