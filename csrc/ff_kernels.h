@@ -124,6 +124,7 @@ FF_KINDS(FF_DECLARE_CALL)
         const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
         size_t e, size_t kp, size_t Nmax, size_t nEF, real scale, int nthreads);            \
     void ff_sincos_##sfx(real *s, real *c, const real *x, size_t n);                       \
+    void ff_exp_##sfx(real *y, const real *x, size_t n);                                    \
     int all_finite_##sfx(const real *p, size_t n);                                          \
     int gelu_forward_##sfx(real *y, real *t, const real *x, size_t n, int nthreads);         \
     int gelu_backward_##sfx(real *dx, const real *dy, const real *x, const real *t,          \

@@ -14,6 +14,7 @@
 #define FF_DOUBLE 0
 #include "dense.inc"
 #include "trig.inc"
+#include "exp.inc"
 #include "featmap.inc"
 #include "featmap_flex.inc"
 #include "featmap_baselines.inc"
@@ -57,6 +58,7 @@
 #define FF_DOUBLE 1
 #include "dense.inc"
 #include "trig.inc"
+#include "exp.inc"
 #include "featmap.inc"
 #include "featmap_flex.inc"
 #include "featmap_baselines.inc"

@@ -1118,6 +1118,26 @@ cleanup:
     return result;
 }
 
+/* _exp(x) -> e^x through the kernels' exponential (exp.inc), x 1-d float32/64 */
+static PyObject *py_exp(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    int t;
+    PyArrayObject *x = real_vector(arg, "x", &t);
+    if (!x)
+        return NULL;
+    npy_intp n = PyArray_DIM(x, 0);
+    PyArrayObject *y = (PyArrayObject *)PyArray_EMPTY(1, &n, t, 0);
+    if (y) {
+        if (t == NPY_FLOAT)
+            ff_exp_f32(PyArray_DATA(y), PyArray_DATA(x), (size_t)n);
+        else
+            ff_exp_f64(PyArray_DATA(y), PyArray_DATA(x), (size_t)n);
+    }
+    Py_DECREF(x);
+    return (PyObject *)y;
+}
+
 /* ------------------------------------------------------------------ threads */
 
 static PyObject *py_openmp_enabled(PyObject *self, PyObject *noargs)
@@ -1253,7 +1273,8 @@ static PyMethodDef methods[] = {
      "short_conv_backward(dy, x, w) -> (dx, dw)"},
     {"gelu_forward", py_gelu_forward, METH_O, "gelu_forward(x) -> (y, w = 1 - |tanh u|); x 1-d"},
     {"gelu_backward", py_gelu_backward, METH_VARARGS, "gelu_backward(dy, x, w) -> dx; all 1-d"},
-{"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},
+    {"_sincos", py_sincos, METH_O, "test hook: (sin(x), cos(x)) through the kernels' trig"},
+    {"_exp", py_exp, METH_O, "test hook: e^x through the kernels' exponential"},
     {"openmp_enabled", py_openmp_enabled, METH_NOARGS, "True when built with OpenMP"},
     {"set_num_threads", py_set_num_threads, METH_O, "threads for later kernel calls (0 = default)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads kernel calls will use"},

@@ -76,6 +76,18 @@ for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
         want = short_conv_reference(*(a.astype(np.float64) for a in (x, w, dy)))
         for g, r in zip(got, want):
             assert np.max(np.abs(g - r)) <= tol * np.max(np.abs(r)), ("short conv", dtype, n)
+# the exponential of the feature maps and softmax (exp.inc), and the kinds that use it
+xe = rng.uniform(-87.0, 88.0, 1001).astype(np.float32)
+assert np.max(np.abs(_C._exp(xe) / np.exp(xe.astype(np.float64)) - 1)) <= 1.5e-7, "exp"
+qs, ks, vs = (rng.standard_normal((2, 3, 70, 37)).astype(np.float32) * 0.5 for _ in range(3))
+for kind in ("performer", "hedgehog", "softmax", "linformer"):
+    spec = ff.get_attention(kind)
+    params = spec.init(3, 37, num_features=13, max_len=80, rng=1, dtype=np.float32)
+    for causal in (False, True) if kind != "linformer" else (False,):
+        got = spec.forward(qs, ks, vs, params, causal=causal)
+        want = spec.forward(*(a.astype(np.float64) for a in (qs, ks, vs)),
+                            {n: p.astype(np.float64) for n, p in params.items()}, causal=causal)
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), (kind, causal)
 print("ok")
 """
 
