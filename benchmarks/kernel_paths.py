@@ -2,8 +2,10 @@
 
 Builds the extension once per variant into a temporary folder (compile-time switches in
 csrc/: FF_PLAIN_DENSE = plain triple-loop products, FF_PLAIN_TRIG = libm sin/cos per
-element, FF_NO_CLONES = no x86-64-v3/v4 copies) and times Flexformer_n forward and
-forward+backward in a fresh subprocess per variant, with the same inputs and threads.
+element, FF_PLAIN_EXP = libm expf per element, FF_NO_CLONES = no x86-64-v3/v4 copies) and
+times Flexformer_n forward and forward+backward, and Performer's and Hedgehog's forward +
+backward (the kinds whose feature maps take an exponential), in a fresh subprocess per
+variant, with the same inputs and threads.
 
     python benchmarks/kernel_paths.py [--seq-len 4096] [--heads 8] [--threads 2]
 
@@ -25,8 +27,9 @@ VARIANTS = {
     "default": "",
     "plain dense": "-DFF_PLAIN_DENSE",
     "plain trig": "-DFF_PLAIN_TRIG",
+    "plain exp": "-DFF_PLAIN_EXP",
     "no cpu clones": "-DFF_NO_CLONES",
-    "all plain": "-DFF_PLAIN_DENSE -DFF_PLAIN_TRIG -DFF_NO_CLONES",
+    "all plain": "-DFF_PLAIN_DENSE -DFF_PLAIN_TRIG -DFF_PLAIN_EXP -DFF_NO_CLONES",
 }
 
 TIMER = r"""
@@ -51,6 +54,10 @@ for causal in (False, True):
     key = "causal" if causal else "bidir"
     res[key + " fwd"] = median(fwd)
     res[key + " fwd+bwd"] = median(both)
+for kind in ("performer", "hedgehog"):
+    spec = ff.get_attention(kind)
+    params = spec.init(H, d, num_features=m, rng=1, dtype=np.float32)
+    res[kind + " fwd+bwd"] = median(lambda: (spec.forward(q, k, v, params), spec.backward(dout, q, k, v, params)))
 print(json.dumps(res))
 """
 
@@ -60,9 +67,10 @@ def build(flags: str, dest: str) -> None:
     subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", dest,
                     "--build-temp", os.path.join(dest, "tmp"), "--force"],
                    cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for name in os.listdir(os.path.join(ROOT, "src", "flexformer")):
-        if name.endswith(".py"):
-            shutil.copy(os.path.join(ROOT, "src", "flexformer", name), os.path.join(dest, "flexformer", name))
+    # the Python package beside the fresh extension, subpackages included (copying only the
+    # top level's modules left `import flexformer` failing on its subpackages)
+    shutil.copytree(os.path.join(ROOT, "src", "flexformer"), os.path.join(dest, "flexformer"),
+                    dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
 
 
 def main() -> int:
@@ -86,7 +94,8 @@ def main() -> int:
                 env=dict(os.environ, PYTHONPATH=dest), cwd=tmp, check=True, capture_output=True, text=True)
             results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     cols = list(results["default"])
-    print(f"flex_n float32, B=1 H={args.heads} N={args.seq_len} d=e={args.head_dim} m={args.features}, "
+    print(f"flex_n (and performer, hedgehog: bidirectional) float32, B=1 H={args.heads} N={args.seq_len} "
+          f"d=e={args.head_dim} m={args.features}, "
           f"{args.threads} threads, median of {args.repeats} (ms; ratio to default)")
     print(f"{'variant':15s}" + "".join(f"{c:>24s}" for c in cols))
     for name, res in results.items():
