@@ -138,6 +138,14 @@ void ff_set_causal_cache_bytes(size_t bytes);
 
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */
+/* The copy of FF(name) for an instruction-set level (ff_cpu_level()): name_avx512 at 4,
+ * name_avx2 at 3, name_base below. For the hot loops compiled once per instruction set
+ * (GCC target attributes), where those copies exist. */
+#define FF_ISA_CALL(name, level, ...)                                                      \
+    ((level) >= 4   ? FF(name##_avx512)(__VA_ARGS__)                                       \
+     : (level) >= 3 ? FF(name##_avx2)(__VA_ARGS__)                                         \
+                    : FF(name##_base)(__VA_ARGS__))
+
 #define FF_BLOCK 64
 
 #endif /* FF_COMMON_H */
