@@ -136,13 +136,20 @@ static inline size_t ff_causal_cache_bytes(void)
 
 void ff_set_causal_cache_bytes(size_t bytes);
 
-/* The copy of FF(name) for an instruction-set level (ff_cpu_level()): name_avx512 at 4,
- * name_avx2 at 3, name_base below. For the hot loops compiled once per instruction set
- * (GCC target attributes), where those copies exist. */
+/* The copy of FF(name) for an instruction-set level (FF_ISA_LEVEL(), read once per call
+ * and passed in): name_avx512 at 4, name_avx2 at 3, name_base below, and name_base alone
+ * in a build without the copies (FF_X86_DISPATCH 0). For the hot loops compiled once per
+ * instruction set (GCC target attributes). */
+#if FF_X86_DISPATCH
+#define FF_ISA_LEVEL() ff_cpu_level()
 #define FF_ISA_CALL(name, level, ...)                                                      \
     ((level) >= 4   ? FF(name##_avx512)(__VA_ARGS__)                                       \
      : (level) >= 3 ? FF(name##_avx2)(__VA_ARGS__)                                         \
                     : FF(name##_base)(__VA_ARGS__))
+#else
+#define FF_ISA_LEVEL() 2
+#define FF_ISA_CALL(name, level, ...) ((void)(level), FF(name##_base)(__VA_ARGS__))
+#endif
 
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */
