@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from flexformer import _C
+import flexformer as ff
+from flexformer import _C, reference as ref
 
 
 # absolute error against the exact sin and cos of each input; measured max:
@@ -51,3 +52,44 @@ def test_exp_float32_range_ends_and_special_values():
     # the subnormal and the top of the range: within one unit of the last place
     for got, ref in zip(y[5:8], want[5:8]):
         assert abs(got - ref) <= np.spacing(ref), (got, ref)
+
+
+# flex_n's feature map takes the sines and cosines of its two angle blocks in one pass
+# (csrc/sincos_tile.inc) and sends the pairs holding an angle beyond the vector range
+# (8192 float32, 1e5 float64) through libm element by element. Angles here are exact:
+# inputs are multiples of 1/8 and each huge frequency row is a power of two times a unit
+# vector, so A x is exact in float32 too; the other rows keep their angles small.
+def _huge_angle_inputs(m, d=8, N=70, seed=11):
+    rng = np.random.default_rng(seed)
+    q, k = (np.round(rng.uniform(-2, 2, (1, 2, N, d)) * 8) / 8 for _ in range(2))
+    v = rng.standard_normal((1, 2, N, 3))
+    omega1 = rng.standard_normal((2, m, d)) * 0.3
+    omega2 = rng.standard_normal((2, m, d)) * 0.3
+    for h in range(2):
+        for j in range(0, m, 3):  # every third A row, and every fifth B row: lanes of both kinds
+            omega1[h, j] = 0.0
+            omega1[h, j, (j + h) % d] = 2.0 ** 18  # |A x| up to 5e5: beyond both limits
+        for j in range(1, m, 5):
+            omega2[h, j] = 0.0
+            omega2[h, j, j % d] = -(2.0 ** 14)  # up to 3e4: beyond float32's only
+    tau = np.full(2, np.log(8.0))
+    # values a float32 holds exactly, so both dtypes see the same numbers
+    return tuple(a.astype(np.float32).astype(np.float64) for a in (q, k, v, omega1, omega2, tau))
+
+
+@pytest.mark.parametrize("m", [19, 32])  # a partial vector per row, and whole vectors
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_n_angles_beyond_the_vector_range(m, causal):
+    q, k, v, o1, o2, tau = _huge_angle_inputs(m)
+    want = ref.flex_n_attention(q, k, v, o1, o2, tau, causal=causal)
+    got64 = ff.flex_n_attention(q, k, v, o1, o2, tau, causal=causal)
+    np.testing.assert_allclose(got64, want, rtol=1e-9, atol=1e-12)
+    f32 = [a.astype(np.float32) for a in (q, k, v, o1, o2, tau)]
+    got32 = ff.flex_n_attention(*f32, causal=causal)
+    assert np.max(np.abs(got32 - want)) <= 2e-5 * np.max(np.abs(want))
+    # the backward recomputes the features keeping both blocks' sines and cosines
+    dout = np.random.default_rng(12).standard_normal(want.shape)
+    g64 = ff.flex_n_attention_backward(dout, q, k, v, o1, o2, tau, causal=causal)
+    g32 = ff.flex_n_attention_backward(dout.astype(np.float32), *f32, causal=causal)
+    for a, b in zip(g32, g64):
+        assert np.max(np.abs(a - b)) <= 2e-4 * np.max(np.abs(b))
