@@ -22,8 +22,11 @@ enum ff_status {
     FF_ERR_NOMEM = 1,    /* a workspace allocation failed */
     FF_ERR_SIZE = 2,     /* a size product overflows size_t */
     FF_ERR_ARG = 3,      /* an argument the caller should have validated */
-    FF_NONFINITE_FEATURES = 4 /* a checked continuation (FF_STEP_ROWS) met features that are
-                               * not finite and left its state as it was */
+    FF_NONFINITE_FEATURES = 4, /* a checked continuation (FF_STEP_ROWS) met features that are
+                                * not finite and left its state as it was */
+    FF_NONFINITE_OUTPUT = 5    /* done, every output written, but one holds NaN or inf (the
+                                * linear kinds check their results where they are made, so
+                                * that the caller need not read them all again) */
 };
 
 /* A causal forward that continues a carried state over at most this many rows (a recurrent

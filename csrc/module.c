@@ -200,6 +200,8 @@ typedef struct {
     int step;                 /* a causal forward given state= (a recurrent continuation) */
     unsigned deferred;        /* bit i: parameter i's finiteness is left to the kernel's
                                * check of the features (a step; see prepare_param) */
+    int report_finite;        /* append whether every floating result is finite (the linear
+                               * kinds' kernels check theirs as they make them) */
     npy_intp B, H, Nq, Nk, d, e, m, kp, L;
 } attn_call;
 
@@ -656,18 +658,28 @@ static PyObject *attn_call_execute(attn_call *c)
         status = attn_call_run(c, out, guard, ks, g);
         Py_END_ALLOW_THREADS
     }
+    int finite = status != FF_NONFINITE_OUTPUT; /* the linear kinds' own check */
+    if (!finite)
+        status = FF_OK;
     if (status_to_exception(status) < 0)
         goto cleanup;
-    if (!c->backward && !c->spec->linear) {
+    if (c->report_finite && !c->spec->linear) /* a pass here for the other kinds */
+        for (int i = 0; i < (c->backward ? nouts : 1); ++i)
+            finite = finite && array_all_finite(outs[i]);
+    if (!c->backward && !c->spec->linear && !c->report_finite) {
         result = (PyObject *)outs[0];
         Py_INCREF(result);
     } else {
-        result = PyTuple_New(nouts);
-        if (result)
-            for (int i = 0; i < nouts; ++i) {
+        const int nforward = !c->backward && !c->spec->linear ? 1 : nouts; /* out alone */
+        result = PyTuple_New(nforward + c->report_finite);
+        if (result) {
+            for (int i = 0; i < nforward; ++i) {
                 Py_INCREF(outs[i]);
                 PyTuple_SET_ITEM(result, i, (PyObject *)outs[i]);
             }
+            if (c->report_finite)
+                PyTuple_SET_ITEM(result, nforward, PyBool_FromLong(finite));
+        }
     }
 cleanup:
     restore_handler(handler);
@@ -701,6 +713,7 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
         values[i] = PyTuple_GET_ITEM(args, i);
     PyObject *mask = Py_None, *causal = Py_False, *eps = NULL, *scale = Py_None;
     PyObject *key_state = Py_None, *want_key_state = Py_False, *carry = Py_None;
+    PyObject *report_finite = Py_False;
     if (kwargs) {
         PyObject *key, *val;
         Py_ssize_t pos = 0;
@@ -734,6 +747,8 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
                 carry = val;
             else if (!sp->linear && strcmp(kname, "scale") == 0)
                 scale = val;
+            else if (strcmp(kname, "report_finite") == 0)
+                report_finite = val;
             else {
                 PyErr_Format(PyExc_TypeError, "unexpected keyword argument '%s'", kname);
                 return NULL;
@@ -761,6 +776,12 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
         return NULL;
     }
     c.want_key_state = want_key_state == Py_True;
+    if (!PyBool_Check(report_finite)) {
+        PyErr_Format(PyExc_TypeError, "report_finite must be a bool, got %s",
+                     Py_TYPE(report_finite)->tp_name);
+        return NULL;
+    }
+    c.report_finite = report_finite == Py_True;
     c.step = carry != Py_None;
     c.eps = 1e-4;
     if (eps) {
@@ -1259,8 +1280,9 @@ static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
     {#name, (PyCFunction)(void (*)(void))py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 static PyMethodDef methods[] = {
 #define X(name, qn, kn, ngrads, linear, F, grads_doc, ...)                                 \
-    KERNEL(name##_forward, linear ? "-> (out, guard_count)" : "-> out"),                    \
-    KERNEL(name##_backward, "-> " grads_doc),
+    KERNEL(name##_forward, linear ? "-> (out, guard_count[, key_state][, finite])"          \
+                                  : "-> out, or (out, finite)"),                             \
+    KERNEL(name##_backward, "-> " grads_doc ", then finite with report_finite=True"),
     FF_KINDS(X)
 #undef X
     {"layer_norm_forward", py_layer_norm_forward, METH_VARARGS,

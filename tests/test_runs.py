@@ -286,6 +286,40 @@ def test_overflow_with_finite_inputs_is_an_error_not_nan():
     assert np.isnan(out[0, 1, 3]).all() and np.isfinite(np.delete(out[0, 1], 3, axis=0)).all()
 
 
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "performer", "hedgehog", "softmax"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B,H", [(2, 3), (1, 1)])  # pairs owned by threads; one pair cut in segments
+def test_the_kernels_report_exactly_whether_their_results_are_finite(kind, causal, B, H, threads):
+    """report_finite=True appends whether every result is finite: the linear kinds check each
+    pair's outputs (and the parameter gradients) inside the kernel, softmax in the glue. One
+    NaN placed anywhere in an input reaches some results and not others; the flag must
+    match NumPy's look at all of them, wherever the NaN lands (first or last pair, first or
+    last row)."""
+    from flexformer import _C
+    N, d = 130, 5
+    spec = ff.get_attention(kind)
+    params = spec.init(H, d, num_features=4, max_len=N, rng=1, dtype=np.float32)
+    names = [n for n in ("omega", "omega1", "omega2", "tau", "W") if n in params]
+    P = [params[n] for n in names]
+    fwd, bwd = getattr(_C, f"{kind}_forward"), getattr(_C, f"{kind}_backward")
+    rng = np.random.default_rng(5)
+    clean = [rng.standard_normal((B, H, N, d)).astype(np.float32) * np.float32(0.5) for _ in range(4)]
+    spots = [(None, None)] + [(t, (b, h, i, c)) for t in range(4) for (b, h) in {(0, 0), (B - 1, H - 1)}
+                              for i in (0, N - 1) for c in (0, d - 1)]
+    for tensor, at in spots:
+        q, k, v, do = (a.copy() for a in clean)
+        if tensor is not None:
+            (q, k, v, do)[tensor][at] = np.nan
+        *out, finite = fwd(q, k, v, *P, causal=causal, report_finite=True)
+        assert finite == bool(np.isfinite(out[0]).all()), (tensor, at)
+        *grads, finite = bwd(do, q, k, v, *P, causal=causal, report_finite=True)
+        assert finite == all(np.isfinite(g).all() for g in grads), (tensor, at)
+        assert (tensor is not None) or finite
+    for bad in (1, "yes"):
+        with pytest.raises(TypeError, match="report_finite must be a bool"):
+            fwd(*clean[:3], *P, report_finite=bad)
+
+
 def test_the_short_convolution_defaults_per_task_and_a_given_or_saved_one_wins():
     from flexformer.__main__ import _config_from, build_parser
     from flexformer.training import TASK_DEFAULTS, TASKS

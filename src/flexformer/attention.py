@@ -56,16 +56,21 @@ def _forward(kernel, *arrays, causal, key_mask, eps, return_guard_count, return_
     _check_flags(causal, eps)
     want = check_bool("return_key_state", return_key_state)
     check_bool("return_guard_count", return_guard_count)
-    res = kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), return_key_state=want)
-    check_overflow(kernel.__name__.replace("_forward", "_attention"), res[0], arrays, _OVERFLOW_HINT)
+    *res, finite = kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps),
+                          return_key_state=want, report_finite=True)
+    if not finite:  # the kernel checked its output as it wrote it; this says why
+        check_overflow(kernel.__name__.replace("_forward", "_attention"), res[0], arrays, _OVERFLOW_HINT)
     picked = (res[0],) + ((res[1],) if return_guard_count else ()) + ((res[2],) if want else ())
     return picked[0] if len(picked) == 1 else picked
 
 
 def _backward(kernel, *arrays, causal, key_mask, eps, key_state):
     _check_flags(causal, eps)
-    res = kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), key_state=key_state)
-    check_overflow(kernel.__name__.replace("_backward", "_attention_backward"), res, arrays, _OVERFLOW_HINT)
+    *res, finite = kernel(*arrays, key_mask=key_mask, causal=bool(causal), eps=float(eps), key_state=key_state,
+                          report_finite=True)
+    res = tuple(res)
+    if not finite:
+        check_overflow(kernel.__name__.replace("_backward", "_attention_backward"), res, arrays, _OVERFLOW_HINT)
     return res
 
 

@@ -317,9 +317,10 @@ class RecurrentAttention:
     # ------------------------------------------------------------------ helpers
     def _run_kernel(self, state: LinearAttentionState, q, k, v, key_mask) -> np.ndarray:
         """Outputs of these rows through the C causal forward, moving ``state`` past them."""
-        out, _ = self._kernel(q, k, v, *self._kernel_params, causal=True, key_mask=key_mask, eps=self.eps,
-                              state=state.packed)
-        check_overflow(f"RecurrentAttention({self.kind!r})", out, (q, k, v), "the state of earlier keys")
+        out, _, finite = self._kernel(q, k, v, *self._kernel_params, causal=True, key_mask=key_mask, eps=self.eps,
+                                      state=state.packed, report_finite=True)
+        if not finite:
+            check_overflow(f"RecurrentAttention({self.kind!r})", out, (q, k, v), "the state of earlier keys")
         state.tokens += q.shape[2]
         return out
 
