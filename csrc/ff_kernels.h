@@ -1,13 +1,14 @@
 /* Public C entry points of the flexformer kernels (no Python here).
  * Every array is C-contiguous; sizes are element counts; every function returns an
- * ff_status (ff_common.h). `eps` is the denominator guard (see linattn_core.inc);
- * nthreads <= 0 means the OpenMP default. Each attention kind has a forward and a
- * backward; the linear kinds' forward can also write their key_state ((B,H,F*e+F+2),
- * bidirectional only, NULL to skip), which their backward then reads in place of the
- * key pass. Each kind also has a uniform adapter name_attention_call (one
- * ff_attention_args, forward when dout is NULL) through which the glue dispatches
- * (kinds.h). The _f32 and _f64 variants are the same source compiled for float and
- * double (kernels.c). */
+ * ff_status (ff_common.h): the linear kinds' forward and backward return
+ * FF_NONFINITE_OUTPUT, not FF_OK, when a result they wrote holds NaN or inf. `eps` is
+ * the denominator guard (see linattn_core.inc); nthreads <= 0 means the OpenMP
+ * default. Each attention kind has a forward and a backward; the linear kinds' forward
+ * can also write their key_state ((B,H,F*e+F+2), bidirectional only, NULL to skip),
+ * which their backward then reads in place of the key pass. Each kind also has a
+ * uniform adapter name_attention_call (one ff_attention_args, forward when dout is
+ * NULL) through which the glue dispatches (kinds.h). The _f32 and _f64 variants are the
+ * same source compiled for float and double (kernels.c). */
 #ifndef FF_KERNELS_H
 #define FF_KERNELS_H
 
