@@ -12,8 +12,8 @@ for bidirectional attention, as training does) --repeats times under ``perf reco
 samples in this package's C library, in the C library's memset/memcpy, libm and the kernel's
 page clearing are grouped into phases by function name (PHASES below) and shown as shares
 of those samples: setup (random inputs, imports) is left out. FLEXFORMER_CPU_LEVEL picks the
-path (3: AVX2 + FMA, 4: AVX-512; the dense products have no AVX-512 copy, so level 4
-changes the sin/cos path only). Writes JSON to --out.
+path (3: AVX2 + FMA, 4: AVX-512 for sin/cos and the exponential, and the AVX-512 or AVX2
+copy of the dense products, whichever the one-time timing chose). Writes JSON to --out.
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ PHASES = [
     ("query side (outputs, dq, guard)", r"queries|chunk|forward_range|forward_sweep|guarded"),
     ("exp", r"exp"),
     ("memory (memset / memcpy / fresh pages)", r"memset|memcpy|memmove|clear_page|page_fault|do_anonymous"),
-    ("glue (argument checks, conversion)", r"attn_|check_|all_finite|to_array|prepare"),
+    ("glue (argument checks, conversion; finiteness of inputs and results)",
+     r"attn_|check_|all_finite|^finite_|to_array|prepare"),
 ]
 
 WORKER = r"""
@@ -101,7 +102,9 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64, help="d = e = m")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=40,
+                   help="calls per process (with 10, the page clearing of the inputs' setup was "
+                        "11-17%% of the samples on the Zen 4, read as 'memory'; with 40, 0-2%%)")
     p.add_argument("--levels", type=int, nargs="+", default=[3, 4])
     p.add_argument("--kinds", nargs="+", default=["flex_n", "flex_s"])
     p.add_argument("--modes", nargs="+", default=["bidir", "causal"], choices=["bidir", "causal"])
