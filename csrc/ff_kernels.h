@@ -29,6 +29,9 @@ typedef struct {
     void *out;                 /* forward: (B,H,Nq,e) */
     int64_t *guard_count;      /* forward, linear kinds: (B,H) */
     void *key_state;           /* linear kinds, bidirectional: written by the forward, read by the backward */
+    void *projections;         /* flex_s, flex_n, bidirectional: (B,H,Nq+Nk,r) projections onto
+                                * the r = m or 2m frequencies, kept by the forward for the
+                                * backward (NULL: the backward computes them again) */
     void *dq, *dk, *dv;        /* backward: like q, k, v */
     void *dparams[3];          /* backward: like the first ngrads params */
     const void *dout;          /* (B,H,Nq,e); NULL: forward */

@@ -4,7 +4,7 @@
  * to the core is one line here plus its feature map and entry points (featmap_*.inc,
  * ops_*.inc; see docs/architecture.md).
  *
- * X(name, qname, kname, ngrads, linear, F, grads_doc, refusal, params)
+ * X(name, qname, kname, ngrads, linear, F, R, grads_doc, refusal, params)
  *   name      the Python entry points are name_forward / name_backward, the C adapter
  *             name_attention_call_f32 / _f64 (ops_*.inc)
  *   qname, kname  names of the query and key arguments (the generic core takes features)
@@ -13,6 +13,9 @@
  *             state); 0: a softmax-family kernel (scale)
  *   F         feature size in terms of d (last axis of q) and m (bound by a parameter);
  *             sizes the key state of the linear kinds
+ *   R         width of a row's projection onto the frequencies, which a bidirectional
+ *             forward can keep for its backward (return_projections / projections);
+ *             0: the kind keeps none
  *   grads_doc what the backward returns, for the method's docstring
  *   refusal   NULL, or why causal=True is refused
  *   params    up to three P(name, axes) / PA(name, axes, alt_axes) / PT(name, axes) entries
@@ -25,15 +28,15 @@
 #define FF_KINDS_H
 
 #define FF_KINDS(X)                                                                          \
-    X(flex_s, "q", "k", 1, 1, 2 * m, "(dq, dk, dv, domega)", NULL, (PT("omega", "Hmd")))    \
-    X(flex_n, "q", "k", 3, 1, 2 * m, "(dq, dk, dv, domega1, domega2, dtau)", NULL,          \
+    X(flex_s, "q", "k", 1, 1, 2 * m, m, "(dq, dk, dv, domega)", NULL, (PT("omega", "Hmd"))) \
+    X(flex_n, "q", "k", 3, 1, 2 * m, 2 * m, "(dq, dk, dv, domega1, domega2, dtau)", NULL,   \
       (PT("omega1", "Hmd") PT("omega2", "Hmd") P("tau", "H")))                              \
-    X(performer, "q", "k", 0, 1, m, "(dq, dk, dv)", NULL, (P("omega", "Hmd")))              \
-    X(hedgehog, "q", "k", 1, 1, 2 * m, "(dq, dk, dv, dW)", NULL, (P("W", "Hdm")))           \
-    X(taylor, "q", "k", 0, 1, 1 + d + d * d, "(dq, dk, dv)", NULL, ())                      \
-    X(linear, "phi_q", "phi_k", 0, 1, d, "(dphi_q, dphi_k, dv)", NULL, ())                  \
-    X(softmax, "q", "k", 0, 0, 0, "(dq, dk, dv)", NULL, ())                                 \
-    X(linformer, "q", "k", 2, 0, 0, "(dq, dk, dv, dE, dF)",                                 \
+    X(performer, "q", "k", 0, 1, m, 0, "(dq, dk, dv)", NULL, (P("omega", "Hmd")))           \
+    X(hedgehog, "q", "k", 1, 1, 2 * m, 0, "(dq, dk, dv, dW)", NULL, (P("W", "Hdm")))        \
+    X(taylor, "q", "k", 0, 1, 1 + d + d * d, 0, "(dq, dk, dv)", NULL, ())                   \
+    X(linear, "phi_q", "phi_k", 0, 1, d, 0, "(dphi_q, dphi_k, dv)", NULL, ())               \
+    X(softmax, "q", "k", 0, 0, 0, 0, "(dq, dk, dv)", NULL, ())                              \
+    X(linformer, "q", "k", 2, 0, 0, 0, "(dq, dk, dv, dE, dF)",                              \
       "causal=True is not available for Linformer: its projection E k mixes keys from "     \
       "every position, so an output row would depend on future keys",                       \
       (PA("E", "HpL", "pL") PA("F", "HpL", "pL")))

@@ -163,6 +163,7 @@ typedef struct {
     param_spec params[4]; /* up to three, then an entry with a NULL name */
     int ngrads;           /* parameter gradients the backward returns (first ngrads) */
     int linear;           /* takes eps and returns a guard count */
+    int keeps_projections; /* return_projections / projections (kinds.h, R; set at import) */
     const char *causal_refusal; /* NULL: causal=True is supported */
     int (*call[2])(const ff_attention_args *); /* the float and the double adapter */
 } op_spec;
@@ -172,9 +173,9 @@ typedef struct {
 #define PA(name, axes, alt) {name, axes, alt, 1, 0},
 #define PT(name, axes) {name, axes, NULL, 1, 1},
 #define FF_UNPAREN(...) __VA_ARGS__
-#define X(name, qn, kn, ngrads, linear, F, grads_doc, refusal, params)                      \
+#define X(name, qn, kn, ngrads, linear, F, R, grads_doc, refusal, params)                   \
     [OP_##name] = {qn, kn, 0, {FF_UNPAREN params{NULL, NULL, NULL, 0}}, ngrads, linear,    \
-                   refusal, {name##_attention_call_f32, name##_attention_call_f64}},
+                   0, refusal, {name##_attention_call_f32, name##_attention_call_f64}},
 static op_spec OPS[] = {FF_KINDS(X)};
 #undef X
 #undef P
@@ -197,6 +198,8 @@ typedef struct {
     PyArrayObject *key_state; /* backward: the forward's key state; causal forward: the
                                * carried state, updated in place; or NULL */
     int want_key_state;       /* forward: also return the key state */
+    PyArrayObject *projections; /* backward: the forward's kept projections, or NULL */
+    int want_projections;     /* forward: also return the projections */
     int step;                 /* a causal forward given state= (a recurrent continuation) */
     unsigned deferred;        /* bit i: parameter i's finiteness is left to the kernel's
                                * check of the features (a step; see prepare_param) */
@@ -213,6 +216,7 @@ static void attn_call_release(attn_call *c)
     Py_XDECREF(c->v);
     Py_XDECREF(c->mask);
     Py_XDECREF(c->key_state);
+    Py_XDECREF(c->projections);
     for (int i = 0; i < 3; ++i)
         Py_XDECREF(c->params[i]);
 }
@@ -417,6 +421,60 @@ static npy_intp key_state_size(const attn_call *c)
     return F * c->e + F + 2;
 }
 
+/* Width of a row's kept projection for this call (kinds.h, R). */
+static npy_intp projection_width(const attn_call *c)
+{
+    const npy_intp m = c->m;
+    npy_intp R = 0;
+    (void)m;
+    switch (c->op) {
+#define X(name, qn, kn, ngrads, linear, Fexpr, Rexpr, ...) case OP_##name: R = (Rexpr); break;
+        FF_KINDS(X)
+#undef X
+    default:
+        break;
+    }
+    return R;
+}
+
+/* At import: the kinds whose R is not 0 take return_projections / projections. */
+static void mark_projection_kinds(void)
+{
+    for (int op = 0; op < OP_COUNT; ++op) {
+        attn_call c;
+        memset(&c, 0, sizeof c);
+        c.op = (enum op_id)op;
+        c.m = 1;
+        OPS[op].keeps_projections = projection_width(&c) != 0;
+    }
+}
+
+/* projections (backward input) or return_projections (forward): bidirectional only, and
+ * the array must be (B, H, Nq + Nk, R) in the call's dtype, as the forward returned it. */
+static int prepare_projections(attn_call *c, PyObject *obj)
+{
+    if (c->causal) {
+        PyErr_SetString(PyExc_ValueError, "kept projections exist for bidirectional attention only: "
+                        "projections / return_projections need causal=False");
+        return -1;
+    }
+    if (!obj)
+        return 0;
+    char doc[128];
+    snprintf(doc, sizeof doc, "(B, H, Nq + Nk, R) = (%zd, %zd, %zd, %zd)", (Py_ssize_t)c->B,
+             (Py_ssize_t)c->H, (Py_ssize_t)(c->Nq + c->Nk), (Py_ssize_t)projection_width(c));
+    if (!(c->projections = to_array(obj, "projections", c->typenum, 4, doc)))
+        return -1;
+    if (PyArray_DIM(c->projections, 0) != c->B || PyArray_DIM(c->projections, 1) != c->H ||
+        PyArray_DIM(c->projections, 2) != c->Nq + c->Nk ||
+        PyArray_DIM(c->projections, 3) != projection_width(c)) {
+        char want[192];
+        snprintf(want, sizeof want, "%s, as the forward returned it for these inputs", doc);
+        return shape_error(c->projections, "projections", want);
+    }
+    return 0;
+}
+
 /* key_state (backward input) or return_key_state (forward): bidirectional only, and the
  * array must be (B, H, F*e + F + 2) in the call's dtype. */
 static int prepare_key_state(attn_call *c, PyObject *obj)
@@ -560,13 +618,15 @@ static void restore_handler(PyObject *old)
 #define DATA(a) ((a) ? PyArray_DATA(a) : NULL)
 /* Run the kernel through the kind's adapter; outputs: out (forward) or g[0..2] = dq, dk,
  * dv and g[3..] the parameter gradients (backward). The GIL is released by the caller. */
-static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void *ks, void **g)
+static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void *ks, void *kept,
+                         void **g)
 {
     ff_attention_args a;
     memset(&a, 0, sizeof a);
     a.out = out;
     a.guard_count = guard;
     a.key_state = ks;
+    a.projections = kept;
     a.dq = g[0];
     a.dk = g[1];
     a.dv = g[2];
@@ -603,7 +663,7 @@ static PyObject *attn_call_execute(attn_call *c)
     PyArrayObject *outs[8] = {NULL};
     int nouts = 0, status = FF_OK;
     const int t = c->typenum;
-    void *out = NULL, *g[6] = {NULL}, *ks = DATA(c->key_state);
+    void *out = NULL, *g[6] = {NULL}, *ks = DATA(c->key_state), *kept = DATA(c->projections);
     int64_t *guard = NULL;
     PyObject *handler = use_buffer_handler();
     if (!c->backward) {
@@ -626,6 +686,15 @@ static PyObject *attn_call_execute(attn_call *c)
                 goto cleanup;
             ks = PyArray_DATA(outs[nouts - 1]);
         }
+        if (c->want_projections) {
+            npy_intp pshape[4] = {c->B, c->H, c->Nq + c->Nk, projection_width(c)};
+            /* the kernel writes every row unless there is no query row to run */
+            const int every = c->B * c->H > 0 && c->Nq > 0;
+            if (!(outs[nouts++] = (PyArrayObject *)(every ? PyArray_EMPTY(4, pshape, t, 0)
+                                                          : PyArray_ZEROS(4, pshape, t, 0))))
+                goto cleanup;
+            kept = PyArray_DATA(outs[nouts - 1]);
+        }
     } else {
         PyArrayObject *like[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
         const int n = 3 + c->spec->ngrads;
@@ -645,7 +714,7 @@ static PyObject *attn_call_execute(attn_call *c)
     restore_handler(handler);
     handler = NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = attn_call_run(c, out, guard, ks, g);
+    status = attn_call_run(c, out, guard, ks, kept, g);
     Py_END_ALLOW_THREADS
     if (status == FF_NONFINITE_FEATURES) {
         /* the state has not moved: a non-finite frequency is named as always; otherwise the
@@ -655,7 +724,7 @@ static PyObject *attn_call_execute(attn_call *c)
                 goto cleanup;
         c->deferred = 0;
         Py_BEGIN_ALLOW_THREADS
-        status = attn_call_run(c, out, guard, ks, g);
+        status = attn_call_run(c, out, guard, ks, kept, g);
         Py_END_ALLOW_THREADS
     }
     int finite = status != FF_NONFINITE_OUTPUT; /* the linear kinds' own check */
@@ -713,6 +782,7 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
         values[i] = PyTuple_GET_ITEM(args, i);
     PyObject *mask = Py_None, *causal = Py_False, *eps = NULL, *scale = Py_None;
     PyObject *key_state = Py_None, *want_key_state = Py_False, *carry = Py_None;
+    PyObject *projections = Py_None, *want_projections = Py_False;
     PyObject *report_finite = Py_False;
     if (kwargs) {
         PyObject *key, *val;
@@ -743,6 +813,10 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
                 key_state = val;
             else if (sp->linear && !backward && strcmp(kname, "return_key_state") == 0)
                 want_key_state = val;
+            else if (sp->keeps_projections && backward && strcmp(kname, "projections") == 0)
+                projections = val;
+            else if (sp->keeps_projections && !backward && strcmp(kname, "return_projections") == 0)
+                want_projections = val;
             else if (sp->linear && !backward && strcmp(kname, "state") == 0)
                 carry = val;
             else if (!sp->linear && strcmp(kname, "scale") == 0)
@@ -776,6 +850,12 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
         return NULL;
     }
     c.want_key_state = want_key_state == Py_True;
+    if (!PyBool_Check(want_projections)) {
+        PyErr_Format(PyExc_TypeError, "return_projections must be a bool, got %s",
+                     Py_TYPE(want_projections)->tp_name);
+        return NULL;
+    }
+    c.want_projections = want_projections == Py_True;
     if (!PyBool_Check(report_finite)) {
         PyErr_Format(PyExc_TypeError, "report_finite must be a bool, got %s",
                      Py_TYPE(report_finite)->tp_name);
@@ -798,6 +878,8 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
                           params, mask) == 0 &&
         (!(c.want_key_state || key_state != Py_None) ||
          prepare_key_state(&c, key_state == Py_None ? NULL : key_state) == 0) &&
+        (!(c.want_projections || projections != Py_None) ||
+         prepare_projections(&c, projections == Py_None ? NULL : projections) == 0) &&
         (carry == Py_None || prepare_carry(&c, carry) == 0)) {
         c.scale = 1.0 / sqrt((double)c.d);
         if (scale != Py_None) {
@@ -1279,8 +1361,8 @@ static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
 #define KERNEL(name, doc)                                                                  \
     {#name, (PyCFunction)(void (*)(void))py_##name, METH_VARARGS | METH_KEYWORDS, doc}
 static PyMethodDef methods[] = {
-#define X(name, qn, kn, ngrads, linear, F, grads_doc, ...)                                 \
-    KERNEL(name##_forward, linear ? "-> (out, guard_count[, key_state][, finite])"          \
+#define X(name, qn, kn, ngrads, linear, F, R, grads_doc, ...)                              \
+    KERNEL(name##_forward, linear ? "-> (out, guard_count[, key_state][, projections][, finite])" \
                                   : "-> out, or (out, finite)"),                             \
     KERNEL(name##_backward, "-> " grads_doc ", then finite with report_finite=True"),
     FF_KINDS(X)
@@ -1320,6 +1402,7 @@ PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
     count_params();
+    mark_projection_kinds();
 #if !defined(_WIN32)
     pthread_atfork(ff_buffer_cache_lock, ff_buffer_cache_unlock, after_fork_in_child);
 #endif
