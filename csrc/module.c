@@ -1410,5 +1410,31 @@ PyMODINIT_FUNC PyInit__C(void)
     buffer_handler_capsule = PyCapsule_New(&buffer_handler, "mem_handler", NULL);
     if (!buffer_handler_capsule)
         return NULL;
-    return PyModule_Create(&moduledef);
+    PyObject *mod = PyModule_Create(&moduledef);
+    if (!mod)
+        return NULL;
+    /* the kinds whose bidirectional forward can keep its projections (kinds.h, R), for
+     * the registry to derive its list from */
+    static const char *const kind_names[] = {
+#define X(name, ...) #name,
+        FF_KINDS(X)
+#undef X
+    };
+    PyObject *names = PyList_New(0), *keeping = NULL;
+    int failed = !names;
+    for (int op = 0; !failed && op < OP_COUNT; ++op)
+        if (OPS[op].keeps_projections) {
+            PyObject *name = PyUnicode_FromString(kind_names[op]);
+            failed = !name || PyList_Append(names, name) < 0;
+            Py_XDECREF(name);
+        }
+    if (!failed)
+        keeping = PyList_AsTuple(names);
+    Py_XDECREF(names);
+    if (!keeping || PyModule_AddObject(mod, "projection_kinds", keeping) < 0) {
+        Py_XDECREF(keeping);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
 }

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import _C
 from . import attention as lin
 from . import features as fm
 from . import init as initialisers
@@ -102,18 +103,33 @@ class AttentionKind:
             raise ValueError(f"{self.name}.init: unknown option(s) {', '.join(unknown)}; it takes {takes}")
         return self._init(num_heads, head_dim, num_features, max_len, rng, dtype, **options)
 
+    @property
+    def projections(self) -> bool:
+        """Whether the bidirectional forward can keep its projections for the backward
+        (``return_projections`` / ``projections``: the kinds on a C kernel in
+        ``_C.projection_kinds``, from csrc/kinds.h)."""
+        return self._forward is None and self.kernel in _C.projection_kinds
+
     def forward(self, q, k, v, params: Params, *, causal: bool = False, key_mask=None,
-                return_key_state: bool = False, return_guard_count: bool = False, eps: Optional[float] = None):
+                return_key_state: bool = False, return_guard_count: bool = False, eps: Optional[float] = None,
+                return_projections: bool = False):
         """The attention output (B, H, Nq, e). With ``return_guard_count`` (the linear kinds,
         ``key_state``) also the rows per (batch, head) on the denominator guard; with
         ``return_key_state`` (the same kinds, bidirectional) the key state for
-        :meth:`backward`, last: ``out``, then the count, then the state. ``eps`` is the
-        linear kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`)."""
+        :meth:`backward`; with ``return_projections`` (kinds with ``projections``,
+        bidirectional) the queries' and keys' projections for :meth:`backward`, last:
+        ``out``, then the count, the state and the projections. ``eps`` is the linear
+        kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`)."""
         kw = self._eps_option(eps)
         if return_key_state:
             if not self.key_state or causal:
                 raise ValueError(f"{self.name}: a key state exists for the bidirectional linear kinds only")
             kw["return_key_state"] = True
+        if return_projections:
+            if not self.projections or causal:
+                raise ValueError(f"{self.name}: kept projections exist for the bidirectional calls of "
+                                 f"{', '.join(k.name for k in _KINDS.values() if k.projections)} only")
+            kw["return_projections"] = True
         if return_guard_count:
             if not self.key_state:
                 raise ValueError(f"{self.name}: only the linear kinds have a denominator guard to count")
@@ -124,12 +140,19 @@ class AttentionKind:
         return self._forward(q, k, v, params, causal, key_mask, **kw)
 
     def backward(self, dout, q, k, v, params: Params, *, causal: bool = False, key_mask=None,
-                 key_state=None, eps: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+                 key_state=None, eps: Optional[float] = None,
+                 projections=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
         """``(dq, dk, dv, dparams)`` with dparams keyed by the learnable names; ``key_state``
-        from :meth:`forward` on the same inputs skips the key pass; ``eps`` as in :meth:`forward`."""
+        and ``projections`` from :meth:`forward` on the same inputs skip the key pass and the
+        projections; ``eps`` as in :meth:`forward`."""
         extra = self._eps_option(eps)
         if key_state is not None:
             extra["key_state"] = key_state
+        if projections is not None:
+            if not self.projections:  # causal=True is refused by the kernel, by name
+                raise ValueError(f"{self.name}: keeps no projections (projections= comes from forward's "
+                                 f"return_projections on the kinds that have it)")
+            extra["projections"] = projections
         if self._backward is None:
             dq, dk, dv, *grads = lin.kernel_attention_backward(self.kernel, dout, q, k, v,
                                                                *(params[n] for n in self.params), causal=causal,

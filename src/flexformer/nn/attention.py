@@ -182,15 +182,19 @@ class MultiHeadAttention(Module):
     def forward(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         self._q, self._k, self._v, self._qn, self._kn = self._project(x, key_mask)
         self._mask = key_mask
-        self._key_state = None
+        self._key_state = self._projections = None
         self.guard_count = None
         if self.kind.key_state:  # linear kinds: the guard count comes with the output
+            # bidirectional: the backward skips the key pass, and the projections where kept
+            keep = self.kind.projections and not self.causal
             res = self.kind.forward(self._q, self._k, self._v, self._kernel_values(), causal=self.causal,
                                     key_mask=key_mask, return_guard_count=True, eps=self.eps,
-                                    return_key_state=not self.causal)  # the backward skips the key pass
+                                    return_key_state=not self.causal, return_projections=keep)
             out, self.guard_count = res[0], res[1]
             if not self.causal:
                 self._key_state = res[2]
+            if keep:
+                self._projections = res[3]
         else:
             out = self.kind.forward(self._q, self._k, self._v, self._kernel_values(), causal=self.causal,
                                     key_mask=key_mask)
@@ -210,7 +214,7 @@ class MultiHeadAttention(Module):
         dout = self._split(self.o.backward(dy))
         dq, dk, dv, grads = self.kind.backward(dout, self._q, self._k, self._v, self._kernel_values(),
                                                causal=self.causal, key_mask=self._mask, key_state=self._key_state,
-                                               eps=self.eps)
+                                               eps=self.eps, projections=self._projections)
         if self.sharing in ("key-value", "layerwise"):
             self.kernel["E"].grad += grads["E"] + grads["F"]
         else:

@@ -43,10 +43,11 @@ class _KernelFunction(torch.autograd.Function):
                 q: Tensor, k: Tensor, v: Tensor, *params: Tensor) -> Tensor:
         kind = get_attention(kind_name)
         pvals = {n: _np(p) for n, p in zip(names, params)}
-        ctx.key_state = None
-        if kind.key_state and not causal:  # the backward then skips its key pass
-            out, ctx.key_state = kind.forward(_np(q), _np(k), _np(v), pvals, key_mask=key_mask,
-                                              return_key_state=True)
+        ctx.key_state = ctx.projections = None
+        if kind.key_state and not causal:  # the backward then skips its key pass (and projections)
+            out, ctx.key_state, *kept = kind.forward(_np(q), _np(k), _np(v), pvals, key_mask=key_mask,
+                                                     return_key_state=True, return_projections=kind.projections)
+            ctx.projections = kept[0] if kept else None
         else:
             out = kind.forward(_np(q), _np(k), _np(v), pvals, causal=causal, key_mask=key_mask)
         ctx.save_for_backward(q, k, v, *params)
@@ -59,7 +60,8 @@ class _KernelFunction(torch.autograd.Function):
         q, k, v, *params = ctx.saved_tensors
         pvals = {n: _np(p) for n, p in zip(ctx.names, params)}
         dq, dk, dv, dparams = ctx.kind.backward(np.ascontiguousarray(_np(dout)), _np(q), _np(k), _np(v), pvals,
-                                                causal=ctx.causal, key_mask=ctx.key_mask, key_state=ctx.key_state)
+                                                causal=ctx.causal, key_mask=ctx.key_mask, key_state=ctx.key_state,
+                                                projections=ctx.projections)
         grads = [torch.from_numpy(dparams[n]) if n in dparams and p.requires_grad else None
                  for n, p in zip(ctx.names, params)]
         return (None, None, None, None, torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), *grads)
