@@ -180,11 +180,16 @@ def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threa
             raise SystemExit(f"unknown implementation {impl}")
         fwd = run
         # bidirectional linear kinds: the forward hands its key state to the backward (as a
-        # training step would), sparing the backward its key pass
+        # training step would, nn.MultiHeadAttention), sparing the backward its key pass, and
+        # flex_s / flex_n also their projections
         keeps_state = impl in ("ff_flex_n", "ff_flex_s", "ff_performer") and not causal
+        keeps_projections = keeps_state and impl != "ff_performer"
 
         def both():
-            if keeps_state:
+            if keeps_projections:
+                _, state, kept = run(return_key_state=True, return_projections=True)
+                grad(key_state=state, projections=kept)
+            elif keeps_state:
                 _, state = run(return_key_state=True)
                 grad(key_state=state)
             else:

@@ -7,8 +7,9 @@ name would shadow the standard library's profile module, which torch.compile imp
 
 Needs Linux ``perf`` (Debian: linux-perf) and the permission to sample the process
 (``kernel.perf_event_paranoid`` <= 2 for user-space samples). For every (ISA level, kind,
-mode, pass) a fresh process runs the forward (or the backward, with the forward's key state
-for bidirectional attention, as training does) --repeats times under ``perf record``; the
+mode, pass) a fresh process runs the forward (or the backward) --repeats times under ``perf
+record``, bidirectional calls keeping what training keeps (the key state, and flex_s's and
+flex_n's projections: the forward writes them, the backward reads them); the
 samples in this package's C library, in the C library's memset/memcpy, libm and the kernel's
 page clearing are grouped into phases by function name (PHASES below) and shown as shares
 of those samples: setup (random inputs, imports) is left out. FLEXFORMER_CPU_LEVEL picks the
@@ -51,12 +52,14 @@ rng = np.random.default_rng(0)
 q, k, v, dout = (rng.standard_normal((1, H, N, d)).astype(np.float32) * np.float32(0.3) for _ in range(4))
 params = ff.get_attention(kind).init(H, d, num_features=d, rng=1, dtype=np.float32)
 spec = ff.get_attention(kind)
-state = None if causal else spec.forward(q, k, v, params, return_key_state=True)[1]
+# bidirectional: the forward keeps what a training step's forward keeps (nn.MultiHeadAttention)
+keep = {} if causal else {"return_key_state": True, "return_projections": spec.projections}
+kept = {} if causal else dict(zip(("key_state", "projections"), spec.forward(q, k, v, params, **keep)[1:]))
 for _ in range(repeats):
     if pas == "fwd":
-        spec.forward(q, k, v, params, causal=causal)
+        spec.forward(q, k, v, params, causal=causal, **keep)
     else:
-        spec.backward(dout, q, k, v, params, causal=causal, key_state=state)
+        spec.backward(dout, q, k, v, params, causal=causal, **kept)
 """
 
 
