@@ -404,36 +404,39 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
     return 0;
 }
 
+/* The kind's feature size F and kept-projection width R for this call's d and m (kinds.h). */
+static void kind_widths(const attn_call *c, npy_intp *F, npy_intp *R)
+{
+    const npy_intp d = c->d, m = c->m;
+    (void)d;
+    (void)m;
+    *F = *R = 0;
+    switch (c->op) {
+#define X(name, qn, kn, ngrads, linear, Fexpr, Rexpr, ...)                                   \
+    case OP_##name:                                                                          \
+        *F = (Fexpr);                                                                        \
+        *R = (Rexpr);                                                                        \
+        break;
+        FF_KINDS(X)
+#undef X
+    default:
+        break;
+    }
+}
+
 /* Length of one (b,h)'s packed key state [S (F,e), z (F), R, M] for this call. */
 static npy_intp key_state_size(const attn_call *c)
 {
-    const npy_intp d = c->d, m = c->m;
-    npy_intp F = 0;
-    (void)d;
-    (void)m;
-    switch (c->op) {
-#define X(name, qn, kn, ngrads, linear, Fexpr, ...) case OP_##name: F = (Fexpr); break;
-        FF_KINDS(X)
-#undef X
-    default:
-        break;
-    }
+    npy_intp F, R;
+    kind_widths(c, &F, &R);
     return F * c->e + F + 2;
 }
 
-/* Width of a row's kept projection for this call (kinds.h, R). */
+/* Width of a row's kept projection for this call (kinds.h, R; 0: none kept). */
 static npy_intp projection_width(const attn_call *c)
 {
-    const npy_intp m = c->m;
-    npy_intp R = 0;
-    (void)m;
-    switch (c->op) {
-#define X(name, qn, kn, ngrads, linear, Fexpr, Rexpr, ...) case OP_##name: R = (Rexpr); break;
-        FF_KINDS(X)
-#undef X
-    default:
-        break;
-    }
+    npy_intp F, R;
+    kind_widths(c, &F, &R);
     return R;
 }
 
@@ -449,55 +452,53 @@ static void mark_projection_kinds(void)
     }
 }
 
-/* projections (backward input) or return_projections (forward): bidirectional only, and
- * the array must be (B, H, Nq + Nk, R) in the call's dtype, as the forward returned it. */
-static int prepare_projections(attn_call *c, PyObject *obj)
+/* An array a bidirectional forward keeps for its backward (the key state, the kept
+ * projections): the forward's return_<name> or the backward's <name> (obj, NULL for the
+ * forward). Refused with causal=True (`exists` says what, for the message); otherwise
+ * converted to the call's dtype into *slot and checked against `dims` (ndim of them,
+ * named by `axes`). */
+static int prepare_saved(attn_call *c, PyObject *obj, PyArrayObject **slot, const char *name,
+                         const char *exists, const char *axes, int ndim, const npy_intp *dims)
 {
     if (c->causal) {
-        PyErr_SetString(PyExc_ValueError, "kept projections exist for bidirectional attention only: "
-                        "projections / return_projections need causal=False");
+        PyErr_Format(PyExc_ValueError, "%s for bidirectional attention only: %s / return_%s need "
+                     "causal=False", exists, name, name);
         return -1;
     }
     if (!obj)
         return 0;
-    char doc[128];
-    snprintf(doc, sizeof doc, "(B, H, Nq + Nk, R) = (%zd, %zd, %zd, %zd)", (Py_ssize_t)c->B,
-             (Py_ssize_t)c->H, (Py_ssize_t)(c->Nq + c->Nk), (Py_ssize_t)projection_width(c));
-    if (!(c->projections = to_array(obj, "projections", c->typenum, 4, doc)))
+    char doc[160];
+    int used = snprintf(doc, sizeof doc, "%s = (", axes);
+    for (int i = 0; i < ndim && used > 0 && (size_t)used < sizeof doc; ++i)
+        used += snprintf(doc + used, sizeof doc - (size_t)used, "%s%zd", i ? ", " : "",
+                         (Py_ssize_t)dims[i]);
+    if (used > 0 && (size_t)used < sizeof doc)
+        snprintf(doc + used, sizeof doc - (size_t)used, ")");
+    if (!(*slot = to_array(obj, name, c->typenum, ndim, doc)))
         return -1;
-    if (PyArray_DIM(c->projections, 0) != c->B || PyArray_DIM(c->projections, 1) != c->H ||
-        PyArray_DIM(c->projections, 2) != c->Nq + c->Nk ||
-        PyArray_DIM(c->projections, 3) != projection_width(c)) {
-        char want[192];
-        snprintf(want, sizeof want, "%s, as the forward returned it for these inputs", doc);
-        return shape_error(c->projections, "projections", want);
-    }
+    for (int i = 0; i < ndim; ++i)
+        if (PyArray_DIM(*slot, i) != dims[i]) {
+            char want[224];
+            snprintf(want, sizeof want, "%s, as the forward returned it for these inputs", doc);
+            return shape_error(*slot, name, want);
+        }
     return 0;
 }
 
-/* key_state (backward input) or return_key_state (forward): bidirectional only, and the
- * array must be (B, H, F*e + F + 2) in the call's dtype. */
+/* key_state / return_key_state: (B, H, F*e + F + 2) per call */
 static int prepare_key_state(attn_call *c, PyObject *obj)
 {
-    if (c->causal) {
-        PyErr_SetString(PyExc_ValueError, "the key state exists for bidirectional attention only: "
-                        "key_state / return_key_state need causal=False");
-        return -1;
-    }
-    if (!obj)
-        return 0;
-    char doc[96];
-    snprintf(doc, sizeof doc, "(B, H, S) = (%zd, %zd, %zd)", (Py_ssize_t)c->B, (Py_ssize_t)c->H,
-             (Py_ssize_t)key_state_size(c));
-    if (!(c->key_state = to_array(obj, "key_state", c->typenum, 3, doc)))
-        return -1;
-    if (PyArray_DIM(c->key_state, 0) != c->B || PyArray_DIM(c->key_state, 1) != c->H ||
-        PyArray_DIM(c->key_state, 2) != key_state_size(c)) {
-        char want[160];
-        snprintf(want, sizeof want, "%s, as the forward returned it for these inputs", doc);
-        return shape_error(c->key_state, "key_state", want);
-    }
-    return 0;
+    const npy_intp dims[3] = {c->B, c->H, key_state_size(c)};
+    return prepare_saved(c, obj, &c->key_state, "key_state", "the key state exists", "(B, H, S)",
+                         3, dims);
+}
+
+/* projections / return_projections: (B, H, Nq + Nk, R) per call */
+static int prepare_projections(attn_call *c, PyObject *obj)
+{
+    const npy_intp dims[4] = {c->B, c->H, c->Nq + c->Nk, projection_width(c)};
+    return prepare_saved(c, obj, &c->projections, "projections", "kept projections exist",
+                         "(B, H, Nq + Nk, R)", 4, dims);
 }
 
 /* state= (causal forward of a linear kind): the recurrent state of the keys before these,

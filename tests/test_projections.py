@@ -136,16 +136,23 @@ def test_the_registry_and_the_kernels_agree_on_who_keeps_projections():
     assert keeping == set(_C.projection_kinds) == {"flex_s", "flex_n"}
 
 
+@pytest.mark.parametrize("saved", ["key_state", "projections"])
+def test_saved_arrays_are_refused_on_causal_calls(saved):
+    """What a bidirectional forward keeps for its backward (the key state, the projections)
+    has no causal counterpart: asked for or given with causal=True, refused by name."""
+    fwd, bwd, args, _ = _case("flex_n", 2, 3, 20, 20, np.float32)
+    kept = fwd(*args, **{f"return_{saved}": True})[1]
+    dout = np.ones((2, 3, 20, 4), np.float32)
+    with pytest.raises(ValueError, match=f"bidirectional attention only: {saved} / return_{saved} need causal=False"):
+        fwd(*args, causal=True, **{f"return_{saved}": True})
+    with pytest.raises(ValueError, match="bidirectional attention only"):
+        bwd(dout, *args, causal=True, **{saved: kept})
+
+
 def test_projection_errors():
     fwd, bwd, args, x = _case("flex_n", 2, 3, 20, 16, np.float32)
     _, kept = fwd(*args, return_projections=True)
     dout = np.ones((2, 3, 20, 4), np.float32)
-    _, _, square, _ = _case("flex_n", 2, 3, 20, 20, np.float32)  # causal needs Nq == Nk
-    _, square_kept = fwd(*square, return_projections=True)
-    with pytest.raises(ValueError, match="bidirectional attention only"):
-        fwd(*square, causal=True, return_projections=True)
-    with pytest.raises(ValueError, match="bidirectional attention only"):
-        bwd(dout, *square, causal=True, projections=square_kept)
     with pytest.raises(ValueError, match=r"projections must have shape \(B, H, Nq \+ Nk, R\) = \(2, 3, 36, 12\)"):
         bwd(dout, *args, projections=kept[..., :-1])
     with pytest.raises(ValueError, match="projections"):
