@@ -149,6 +149,22 @@ def test_saved_arrays_are_refused_on_causal_calls(saved):
         bwd(dout, *args, causal=True, **{saved: kept})
 
 
+@pytest.mark.parametrize("saved", ["key_state", "projections"])
+def test_saved_arrays_in_the_other_dtype_are_converted_or_refused(saved):
+    """A saved array handed to a float32 backward as float64 is converted (same gradients)
+    or refused by name, never misread."""
+    fwd, bwd, args, _ = _case("flex_n", 2, 3, 20, 16, np.float32)
+    kept = fwd(*args, **{f"return_{saved}": True})[1]
+    dout = np.ones((2, 3, 20, 4), np.float32)
+    try:
+        got = bwd(dout, *args, **{saved: kept.astype(np.float64)})
+    except TypeError as exc:
+        assert saved in str(exc)
+    else:
+        for a, b in zip(got, bwd(dout, *args, **{saved: kept})):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_projection_errors():
     fwd, bwd, args, x = _case("flex_n", 2, 3, 20, 16, np.float32)
     _, kept = fwd(*args, return_projections=True)
@@ -170,11 +186,3 @@ def test_projection_errors():
         attention.kernel_attention_backward("performer", dout, args[0], args[1], args[2], om, projections=kept)
     with pytest.raises(ValueError, match="keeps no projections"):
         ff.get_attention("performer").backward(dout, *args[:3], {"omega": om}, projections=kept)
-    # projections in the other dtype are converted or refused, never misread
-    try:
-        got = bwd(dout, *args, projections=kept.astype(np.float64))
-    except TypeError as exc:
-        assert "projections" in str(exc)
-    else:
-        for a, b in zip(got, bwd(dout, *args, projections=kept)):
-            np.testing.assert_array_equal(a, b)
