@@ -758,6 +758,17 @@ cleanup:
     return result;
 }
 
+/* *flag = (val is True) for a keyword that must be a bool; a TypeError naming it else. */
+static int bool_keyword(PyObject *val, const char *name, int *flag)
+{
+    if (!PyBool_Check(val)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a bool, got %s", name, Py_TYPE(val)->tp_name);
+        return -1;
+    }
+    *flag = val == Py_True;
+    return 0;
+}
+
 /* Parse (dout,) q, k, v, params... and the keywords key_mask, causal and eps (linear
  * kinds, with return_key_state on the forward and key_state on the backward) or scale
  * (softmax kinds), by name or position, then check and run. */
@@ -840,29 +851,11 @@ static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObjec
     c.op = op;
     c.spec = sp;
     c.backward = backward;
-    if (!PyBool_Check(causal)) {
-        PyErr_Format(PyExc_TypeError, "causal must be a bool, got %s", Py_TYPE(causal)->tp_name);
+    if (bool_keyword(causal, "causal", &c.causal) < 0 ||
+        bool_keyword(want_key_state, "return_key_state", &c.want_key_state) < 0 ||
+        bool_keyword(want_projections, "return_projections", &c.want_projections) < 0 ||
+        bool_keyword(report_finite, "report_finite", &c.report_finite) < 0)
         return NULL;
-    }
-    c.causal = causal == Py_True;
-    if (!PyBool_Check(want_key_state)) {
-        PyErr_Format(PyExc_TypeError, "return_key_state must be a bool, got %s",
-                     Py_TYPE(want_key_state)->tp_name);
-        return NULL;
-    }
-    c.want_key_state = want_key_state == Py_True;
-    if (!PyBool_Check(want_projections)) {
-        PyErr_Format(PyExc_TypeError, "return_projections must be a bool, got %s",
-                     Py_TYPE(want_projections)->tp_name);
-        return NULL;
-    }
-    c.want_projections = want_projections == Py_True;
-    if (!PyBool_Check(report_finite)) {
-        PyErr_Format(PyExc_TypeError, "report_finite must be a bool, got %s",
-                     Py_TYPE(report_finite)->tp_name);
-        return NULL;
-    }
-    c.report_finite = report_finite == Py_True;
     c.step = carry != Py_None;
     c.eps = 1e-4;
     if (eps) {
