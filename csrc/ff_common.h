@@ -15,6 +15,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* Status codes returned by every kernel entry point. */
 enum ff_status {
@@ -52,6 +55,31 @@ static inline size_t ff_add(size_t a, size_t b, int *ok)
         return 0;
     }
     return a + b;
+}
+
+/* Copy `bytes` to dst with stores that bypass the caches (SSE2's streaming stores, the
+ * x86-64 baseline; memcpy elsewhere), for large outputs that are read again only after
+ * much other work: a plain store first reads each line it writes into the cache (twice
+ * the memory traffic) and evicts data the caller is still using. */
+static inline void ff_stream_copy(void *dst, const void *src, size_t bytes)
+{
+#if defined(__SSE2__)
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15; /* to the first 16-byte boundary */
+    if (head > bytes)
+        head = bytes;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    bytes -= head;
+    for (; bytes >= 16; bytes -= 16, d += 16, s += 16)
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    memcpy(d, s, bytes);
+    _mm_sfence(); /* ordered before any later store of this thread (and the region's end) */
+#else
+    memcpy(dst, src, bytes);
+#endif
 }
 
 /* Number of threads a parallel region should use: 0 means the OpenMP default. */
