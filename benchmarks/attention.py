@@ -3,6 +3,7 @@
     python benchmarks/attention.py                 # the full sweep (minutes; needs torch)
     python benchmarks/attention.py --quick         # a seconds-long smoke run (CI)
     python benchmarks/attention.py --rounds 3 ...  # every configuration 3 times, interleaved; medians
+                                                   # (the ratios' per-round range is printed too)
 
 Times forward and forward+backward (median of --repeats runs after three warm-up calls), float32,
 B=1, H=8, d=e=m=64, every configuration in a fresh subprocess with 2 threads
@@ -407,7 +408,15 @@ def main() -> int:
                 a, b = get(ours, causal, N), get(peer, causal, N)
                 if a and b:
                     summary[f"{peer}/{ours} fwd+bwd {mode} N={N}"] = b / a
-                    print(f"  {peer:13s} / {ours:10s} fwd+bwd {mode:6s} N={N:6d}: {b / a:7.2f}x")
+                    # the rounds' own ratios (each round runs the two next to each other): their
+                    # spread shows how far one round's drift moves the ratio of medians
+                    ra, rb = get(ours, causal, N, "fwdbwd_s_rounds"), get(peer, causal, N, "fwdbwd_s_rounds")
+                    spread = ""
+                    if ra and rb and len(ra) == len(rb):
+                        paired = sorted(y / x for x, y in zip(ra, rb))
+                        summary[f"{peer}/{ours} fwd+bwd {mode} N={N} per round"] = paired
+                        spread = f"   (rounds: {paired[0]:.2f}-{paired[-1]:.2f}x, median {statistics.median(paired):.2f}x)"
+                    print(f"  {peer:13s} / {ours:10s} fwd+bwd {mode:6s} N={N:6d}: {b / a:7.2f}x{spread}")
     lo, hi = min(args.sizes), max(args.sizes)
     for causal in (False, True):
         a, b = get("ff_flex_n", causal, lo), get("ff_flex_n", causal, hi)
