@@ -70,6 +70,19 @@ def test_non_contiguous_and_fortran_inputs(name, run, reference):
 
 
 @pytest.mark.parametrize("name,run,reference", VARIANTS, ids=[v[0] for v in VARIANTS])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_inputs_in_the_other_byte_order(name, run, reference, dtype):
+    """Arrays stored in the non-native byte order are converted, not read as they lie (the
+    glue takes native, C-ordered, aligned arrays in place and converts the rest)."""
+    x = make_inputs(B=2, H=2, Nq=70, dtype=dtype, seed=8)
+    other = np.dtype(dtype).newbyteorder("S")
+    y = {key: val.astype(other) for key, val in x.items()}
+    assert not y["q"].dtype.isnative
+    for causal in (False, True):
+        np.testing.assert_array_equal(run(y, causal=causal), run(x, causal=causal))
+
+
+@pytest.mark.parametrize("name,run,reference", VARIANTS, ids=[v[0] for v in VARIANTS])
 def test_read_only_inputs_and_no_mutation(name, run, reference):
     x = make_inputs(B=1, H=2, Nq=70, seed=7)
     mask = random_mask(1, 70)
