@@ -51,13 +51,14 @@ RUNS = {
     "decode-2-threads": ["decode.py", "--kinds", "flex_n,flex_s", "--steps", "{S}", "--threads", "2"],
     "decode-1-thread": ["decode.py", "--kinds", "flex_n,flex_s", "--steps", "{S}", "--threads", "1"],
 }
-JSON_NAME = {"compile-4096": "attention.json", "compile-16384": "attention.json", "eager-4096": "attention.json",
-             "decode-2-threads": "decode.json", "decode-1-thread": "decode.json"}
+STEP_TARGET = f"one-token step <= {DECODE_US:g} us per layer"
+FLAT_TARGET = f"decode flat: time(longest context) / time(shortest) <= {FLAT:g}"
 
 
-def _cell(target: str, case: str, measured, threshold: float, holds, detail: str = "") -> dict:
+def _cell(target: str, case: str, measured, threshold: float, holds, unit: str, detail: str = "") -> dict:
+    """One judged cell; unit ("x", "%", "us" or "") says how `measured` reads."""
     return {"target": target, "case": case, "measured": measured, "threshold": threshold,
-            "holds": holds, "detail": detail}
+            "holds": holds, "unit": unit, "detail": detail}
 
 
 def _ratio_cells(record, target: str, peer_prefix: str, threshold: float, N: int) -> list:
@@ -69,11 +70,11 @@ def _ratio_cells(record, target: str, peer_prefix: str, threshold: float, N: int
             key = f"{peer_prefix}{kind}/ff_{kind} fwd+bwd {mode} N={N}"
             ratio = (record or {}).get("ratios", {}).get(key)
             if ratio is None:
-                cells.append(_cell(target, case, None, threshold, None, "not measured in this run"))
+                cells.append(_cell(target, case, None, threshold, None, "x", "not measured in this run"))
                 continue
             rounds = record["ratios"].get(key + " per round")
             detail = f"rounds {min(rounds):.2f}-{max(rounds):.2f}x" if rounds else ""
-            cells.append(_cell(target, case, ratio, threshold, ratio >= threshold, detail))
+            cells.append(_cell(target, case, ratio, threshold, ratio >= threshold, "x", detail))
     return cells
 
 
@@ -83,9 +84,9 @@ def _share_cells(record, N: int) -> list:
     sgemm = (record or {}).get("matmul_gflops")
     case = f"N={N}"
     if not rate or not sgemm:
-        return [_cell(target, case, None, SGEMM_SHARE, None, "not measured in this run")]
+        return [_cell(target, case, None, SGEMM_SHARE, None, "%", "not measured in this run")]
     share = rate["gflops"] / sgemm
-    return [_cell(target, case, share, SGEMM_SHARE, share >= SGEMM_SHARE,
+    return [_cell(target, case, share, SGEMM_SHARE, share >= SGEMM_SHARE, "%",
                   f"{rate['gflop']:.2f} GFLOP at {rate['gflops']:.1f} GFLOP/s; matmul {sgemm:.1f} GFLOP/s")]
 
 
@@ -95,19 +96,16 @@ def _decode_cells(record, threads_label: str) -> list:
         rows = sorted((r for r in (record or {}).get("rows", []) if r["kind"] == kind), key=lambda r: r["context"])
         case = f"{kind}, {threads_label}"
         if not rows:
-            cells += [_cell(f"one-token step <= {DECODE_US:g} us per layer", case, None, DECODE_US, None,
-                            "not measured in this run"),
-                      _cell(f"decode flat: time(longest) / time(shortest context) <= {FLAT:g}", case, None,
-                            FLAT, None, "not measured in this run")]
+            cells += [_cell(STEP_TARGET, case, None, DECODE_US, None, "us", "not measured in this run"),
+                      _cell(FLAT_TARGET, case, None, FLAT, None, "", "not measured in this run")]
             continue
         us = [r["ms_per_token"] * 1e3 for r in rows]
+        contexts = f"contexts {rows[0]['context']}-{rows[-1]['context']}"
         worst = max(us)
-        cells.append(_cell(f"one-token step <= {DECODE_US:g} us per layer", case, worst, DECODE_US,
-                           worst <= DECODE_US, f"{min(us):.1f}-{worst:.1f} us over contexts "
-                           f"{rows[0]['context']}-{rows[-1]['context']}"))
+        cells.append(_cell(STEP_TARGET, case, worst, DECODE_US, worst <= DECODE_US, "us",
+                           f"{min(us):.1f}-{worst:.1f} us over {contexts}"))
         flat = us[-1] / us[0]
-        cells.append(_cell(f"decode flat: time({rows[-1]['context']}) / time({rows[0]['context']}) <= {FLAT:g}",
-                           case, flat, FLAT, flat <= FLAT))
+        cells.append(_cell(FLAT_TARGET, case, flat, FLAT, flat <= FLAT, "", contexts))
     return cells
 
 
@@ -138,14 +136,10 @@ def _machine(records: dict) -> str:
 
 
 def _fmt(cell) -> str:
-    x = cell["measured"]
+    x, unit = cell["measured"], cell["unit"]
     if x is None:
         return "-"
-    if "share" in cell["target"] or "matmul" in cell["target"]:
-        return f"{x:.0%}"
-    if "us per layer" in cell["target"]:
-        return f"{x:.1f} us"
-    return f"{x:.2f}" + ("x" if "ours" in cell["target"] else "")
+    return {"%": f"{x:.0%}", "us": f"{x:.1f} us", "x": f"{x:.2f}x"}.get(unit, f"{x:.2f}")
 
 
 def report(cells: list, machine: str) -> str:
@@ -187,14 +181,15 @@ def main(argv=None) -> int:
         for name, cmd in RUNS.items():
             argv_run = []
             for a in cmd:
-                argv_run += fill.get(a, a).split() if a in fill else [a]
+                argv_run += fill[a].split() if a in fill else [a]
             out = os.path.join(folder, name)
             full = [sys.executable, os.path.join(HERE, argv_run[0])] + argv_run[1:] + ["--out", out]
             print(f"$ {' '.join(['python', 'benchmarks/' + argv_run[0]] + argv_run[1:])}", flush=True)
             rc = subprocess.call(full)
             if rc != 0:
                 print(f"  (exit {rc}: its cells are judged from what it wrote)", flush=True)
-    records = {name: _load(os.path.join(folder, name, JSON_NAME[name])) for name in RUNS}
+    # each script writes <its name>.json into its --out folder
+    records = {name: _load(os.path.join(folder, name, cmd[0].replace(".py", ".json"))) for name, cmd in RUNS.items()}
     cells = evaluate(records)
     text = report(cells, _machine(records))
     print("\n" + text)
