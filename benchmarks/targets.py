@@ -112,7 +112,7 @@ def _decode_cells(record, threads_label: str) -> list:
 def evaluate(records: dict) -> list:
     """Every target's cells from the runs' JSON records (keys of RUNS; a missing run gives
     cells that say "not measured"). Each cell: target, case, measured, threshold, holds
-    (True, False, or None when not measured) and a detail."""
+    (True, False, or None when not measured), unit and a detail."""
     cells = []
     for N, name in ((4096, "compile-4096"), (16384, "compile-16384")):
         cells += _ratio_cells(records.get(name), f"torch.compile / ours >= {COMPILE_RATIO:g}x",
