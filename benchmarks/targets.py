@@ -40,7 +40,7 @@ SGEMM_SHARE = 0.60    # flex_n bidirectional forward + backward rate / NumPy's f
 DECODE_US = 20.0      # one-token step, us per layer
 FLAT = 1.2            # decode time(longest context) / time(shortest), at most
 
-# (folder under --out, the command's arguments after the script); R, R16, S filled in main
+# (folder under --out, the command's arguments after the script); {R}, {R16}, {S}, {MODES16} filled in main
 RUNS = {
     "compile-4096": ["attention.py", "--impls", "ff_flex_n", "torch_compile_flex_n", "ff_flex_s",
                      "torch_compile_flex_s", "--sizes", "4096", "--rounds", "{R}"],
@@ -191,11 +191,12 @@ def main(argv=None) -> int:
     # each script writes <its name>.json into its --out folder
     records = {name: _load(os.path.join(folder, name, cmd[0].replace(".py", ".json"))) for name, cmd in RUNS.items()}
     cells = evaluate(records)
-    text = report(cells, _machine(records))
+    machine = _machine(records)
+    text = report(cells, machine)
     print("\n" + text)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "targets.json"), "w") as fh:
-        json.dump({"machine": _machine(records), "cells": cells}, fh, indent=1)
+        json.dump({"machine": machine, "cells": cells}, fh, indent=1)
     with open(os.path.join(args.out, "targets.md"), "w") as fh:
         fh.write(text + "\n")
     print(f"wrote {os.path.join(args.out, 'targets.md')}")

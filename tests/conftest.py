@@ -27,6 +27,24 @@ def make_inputs(B=2, H=3, Nq=20, Nk=None, d=5, e=4, m=6, *, dtype=np.float64, se
     return dict(q=q, k=k, v=v, omega=omega, omega1=o1, omega2=o2, tau=tau)
 
 
+def layout(x, how):
+    """The same values as C order ("c"), Fortran order, a strided view, read-only, or stored
+    in the other byte order: what the glue reads in place and what it must convert."""
+    if how == "fortran":
+        return np.asfortranarray(x)
+    if how == "strided":
+        big = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+        big[..., ::2] = x
+        return big[..., ::2]
+    if how == "readonly":
+        y = x.copy()
+        y.setflags(write=False)
+        return y
+    if how == "other byte order":
+        return x.astype(x.dtype.newbyteorder("S"))
+    return x
+
+
 def random_mask(B, N, seed=1, keep=0.7):
     mask = np.random.default_rng(seed).random((B, N)) < keep
     mask[:, 0] = True

@@ -12,6 +12,8 @@ from flexformer import reference
 from flexformer.nn import CausalLM
 from flexformer.recurrent import RECURRENT_KINDS, KVCacheState, LinearAttentionState, RecurrentAttention
 
+from conftest import layout
+
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "austen")
 TOL = {np.float64: 1e-10, np.float32: 2e-4}
 
@@ -136,28 +138,18 @@ def test_inputs_not_mutated():
         np.testing.assert_array_equal(x, c)
 
 
-@pytest.mark.parametrize("layout", ["other byte order", "fortran", "strided"])
-def test_steps_read_every_layout_alike(layout):
+@pytest.mark.parametrize("how", ["other byte order", "fortran", "strided"])
+def test_steps_read_every_layout_alike(how):
     """A step hands the caller's arrays straight to the C kernel, which reads native,
     C-ordered, aligned ones in place and converts the rest: every layout gives the bits of
     the plain one, outputs and state."""
     rec, q, k, v = _setup("flex_n", np.float32, H=2, N=24)
-
-    def lay(x):
-        if layout == "other byte order":
-            return x.astype(x.dtype.newbyteorder("S"))
-        if layout == "fortran":
-            return np.asfortranarray(x)
-        wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
-        wide[..., ::2] = x
-        return wide[..., ::2]
-
     _, plain = rec.prefill(q[:, :, :12], k[:, :, :12], v[:, :, :12])
     other = plain.copy()
     for t in range(12, 24):
         rows = [np.ascontiguousarray(x[:, :, t:t + 1]) for x in (q, k, v)]
         want = rec.step(plain, *rows)
-        got = rec.step(other, *[lay(x) for x in rows])
+        got = rec.step(other, *[layout(x, how) for x in rows])
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(other.packed, plain.packed)
 

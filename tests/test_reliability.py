@@ -16,22 +16,9 @@ import flexformer as ff  # noqa: E402
 from flexformer import _C  # noqa: E402
 from flexformer import reference as ref  # noqa: E402
 
+from conftest import layout  # noqa: E402
+
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def layout(x, how):
-    """The same values as C order, Fortran order, a strided view or read-only."""
-    if how == "fortran":
-        return np.asfortranarray(x)
-    if how == "strided":
-        big = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
-        big[..., ::2] = x
-        return big[..., ::2]
-    if how == "readonly":
-        y = x.copy()
-        y.setflags(write=False)
-        return y
-    return x
 
 
 @st.composite

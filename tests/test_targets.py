@@ -72,7 +72,7 @@ def test_decode_cells_take_the_worst_context_and_the_flatness():
     assert flat["flex_s, 2 threads"]["holds"] is True
 
 
-def test_from_folder_writes_the_report_and_exits_1_on_a_miss(tmp_path, capsys):
+def test_from_folder_writes_the_report_and_exits_1_on_a_miss(tmp_path):
     src = tmp_path / "runs"
     (src / "compile-4096").mkdir(parents=True)
     rec = attention_record(4096, {("torch_compile_", "flex_n", "bidir"): 1.2})
