@@ -1,6 +1,6 @@
 """Issue 15's speed targets, measured on this machine in one command, with a verdict per cell.
 
-    python benchmarks/targets.py                    # everything (about an hour; needs torch)
+    python benchmarks/targets.py                    # everything (needs torch; 16-21 min on a Zen 4, Inductor cache warm)
     python benchmarks/targets.py --no-causal-16384  # skip Inductor's long compile of the causal form at 16384
     python benchmarks/targets.py --from DIR         # judge the JSON of an earlier run in DIR again
 
