@@ -11,6 +11,19 @@ import os
 
 import numpy as np
 
+#: Polls a kernel thread makes, once a call is over, before it sleeps (libgomp's
+#: ``GOMP_SPINCOUNT``, read once, when the C extension loads libgomp). libgomp's default of
+#: 300,000 kept a core busy for about 9 ms after every call on the project's Zen 4, slowing
+#: whatever ran next there: a NumPy product (on 2 OpenBLAS threads) right after an attention
+#: call took 1.6x its time at N = 4096. 50,000 polls are about 1.5 ms there: long enough to
+#: find most calls of a training step still awake (waking a sleeping thread cost a call
+#: about 80 us on that machine). ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set before the
+#: import wins.
+KERNEL_THREAD_SPIN = 50_000
+
+_spin_chosen = "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ
+if not _spin_chosen:
+    os.environ["GOMP_SPINCOUNT"] = str(KERNEL_THREAD_SPIN)
 try:
     from . import _C
 except ImportError:
@@ -21,6 +34,9 @@ except ImportError:
     raise ImportError(f"flexformer's C extension is not built in {_here}: run `pip install {_src}` (or "
                       f"`pip install -e {_src}` to work on it) and import flexformer from outside "
                       f"that folder") from None
+finally:
+    if not _spin_chosen:  # read by now: the environment goes back as it was, for child processes too
+        del os.environ["GOMP_SPINCOUNT"]
 from .threads import get_num_threads, openmp_enabled, set_num_threads  # before the modules that use them
 from . import data, init, nn, recurrent, reference, testing, training
 from .attention import (
