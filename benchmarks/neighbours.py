@@ -10,8 +10,9 @@ loading libgomp; libgomp's own default is 300,000), NumPy's OpenBLAS threads for
 2^``OPENBLAS_THREAD_TIMEOUT`` cycles (OpenBLAS's default exponent is 28). Each setting
 below runs in its own process, the settings taking turns over --rounds rounds:
 
-* ``cpu ms after a call``: CPU time the process burns in a 0.5 s pause after one attention
-  call, or after one NumPy product: the polling, which a neighbour on the core pays for;
+* ``cpu ms after a call``: CPU time the process burns in a 0.5 s pause after an attention
+  call, or after a NumPy product (median of 3): the polling, which a neighbour on the core
+  pays for;
 * ``layer ms``: one layer as a script writes it, q, k, v = x @ W (float32, OpenBLAS's
   threads) and then Flexformer_n attention (B = 1, 2 threads), median of 20 after 3.
 
@@ -35,9 +36,10 @@ SETTINGS = [
 ]
 
 WORKER = r"""
-import json, resource, sys, time
+import json, sys, time
 import numpy as np
 import flexformer as ff
+from flexformer._timing import idle_cpu_ms
 H, N, d, repeats = map(int, sys.argv[1:5])
 ff.set_num_threads(2)
 rng = np.random.default_rng(0)
@@ -49,22 +51,10 @@ def layer():
     qkv = np.ascontiguousarray((x @ W).reshape(N, 3, H, d).transpose(1, 2, 0, 3)[:, None])  # (3, 1, H, N, d)
     return ff.flex_n_attention(qkv[0], qkv[1], qkv[2], omega1, omega2, tau)
 
-def cpu_seconds():
-    use = resource.getrusage(resource.RUSAGE_SELF)
-    return use.ru_utime + use.ru_stime
-
-def burnt_after(fn):
-    fn()
-    time.sleep(0.5)
-    fn()
-    before = cpu_seconds()
-    time.sleep(0.5)
-    return (cpu_seconds() - before) * 1e3
-
 q, k, v = (rng.standard_normal((1, H, 256, d)).astype(np.float32) * np.float32(0.3) for _ in range(3))
 product = rng.standard_normal((256, 256))
-record = {"cpu_ms_after_attention": burnt_after(lambda: ff.flex_n_attention(q, k, v, omega1, omega2, tau)),
-          "cpu_ms_after_numpy_product": burnt_after(lambda: product @ product)}
+record = {"cpu_ms_after_attention": idle_cpu_ms(lambda: ff.flex_n_attention(q, k, v, omega1, omega2, tau), 0.5, 3),
+          "cpu_ms_after_numpy_product": idle_cpu_ms(lambda: product @ product, 0.5, 3)}
 for _ in range(3):
     layer()
 times = []

@@ -156,27 +156,17 @@ def test_forked_child_does_not_hang():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-
 SPIN_PROBE = r"""
-import os, resource, time
+import os
 import numpy as np
 import flexformer as ff
+from flexformer._timing import idle_cpu_ms
 ff.set_num_threads(2)
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal((1, 2, 256, 16)) for _ in range(3))
 omega = ff.init.flex_s_omega(2, 16, 16, rng=0)
-def cpu_seconds():
-    use = resource.getrusage(resource.RUSAGE_SELF)
-    return use.ru_utime + use.ru_stime
-burnt = []
-for _ in range(7):
-    ff.flex_s_attention(q, k, v, omega)
-    before = cpu_seconds()
-    time.sleep(0.2)  # the process has nothing to do: what it burns now is threads polling
-    burnt.append(cpu_seconds() - before)
-print(sorted(burnt)[3] * 1e3, os.environ.get("GOMP_SPINCOUNT"))
+print(idle_cpu_ms(lambda: ff.flex_s_attention(q, k, v, omega), 0.2, 7), os.environ.get("GOMP_SPINCOUNT"))
 """
-
 
 
 def _spin_probe(**chosen):
