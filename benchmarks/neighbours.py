@@ -36,10 +36,10 @@ SETTINGS = [
 ]
 
 WORKER = r"""
-import json, sys, time
+import json, sys
 import numpy as np
 import flexformer as ff
-from flexformer._timing import idle_cpu_ms
+from flexformer._timing import idle_cpu_ms, median_seconds
 H, N, d, repeats = map(int, sys.argv[1:5])
 ff.set_num_threads(2)
 rng = np.random.default_rng(0)
@@ -55,14 +55,7 @@ q, k, v = (rng.standard_normal((1, H, 256, d)).astype(np.float32) * np.float32(0
 product = rng.standard_normal((256, 256))
 record = {"cpu_ms_after_attention": idle_cpu_ms(lambda: ff.flex_n_attention(q, k, v, omega1, omega2, tau), 0.5, 3),
           "cpu_ms_after_numpy_product": idle_cpu_ms(lambda: product @ product, 0.5, 3)}
-for _ in range(3):
-    layer()
-times = []
-for _ in range(repeats):
-    start = time.perf_counter()
-    layer()
-    times.append((time.perf_counter() - start) * 1e3)
-record["layer_ms"] = float(np.median(times))
+record["layer_ms"] = median_seconds(layer, repeats) * 1e3
 print(json.dumps(record))
 """
 
