@@ -1,33 +1,53 @@
-"""Build of the flexformer C extension.
+"""Build of the flexformer C extension (``flexformer._C``); the metadata is in pyproject.toml.
 
-OpenMP is probed by compiling a tiny program; without it the kernels build serially
-(with a warning). Environment switches:
+The build first checks that a C compiler works and names what to install when it does not,
+then probes OpenMP by compiling a tiny program: without it the kernels build serially, with
+a warning, and ``flexformer.openmp_enabled()`` returns False. Environment switches:
 
 * ``FLEXFORMER_NO_OPENMP=1``  build the serial version even when OpenMP works;
 * ``FLEXFORMER_NATIVE=1``     add ``-march=native`` (fast, but not portable);
 * ``FLEXFORMER_SANITIZE=1``   build with AddressSanitizer and UBSan (debugging).
+
+A regular (not in-place) build also copies the extension into the source folder
+``flexformer/``, so that ``python -m flexformer`` typed in the root of a checkout after
+``pip install .`` finds the package there complete, as it finds the installed one elsewhere.
 """
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
-import warnings
 
 import numpy as np
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-PROBE = r"""
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+OPENMP_PROBE = r"""
 #include <omp.h>
 int main(void) { int n = 0;
 #pragma omp parallel reduction(+:n)
   n += 1;
   return n > 0 ? 0 : 1; }
 """
+PYTHON_PROBE = "#include <Python.h>\nint main(void) { return 0; }\n"
+
+NO_COMPILER = ("flexformer: no working C compiler ({cmd}). flexformer builds its kernels from C: install "
+               "a compiler and the Python headers (Debian/Ubuntu: apt-get install gcc python3-dev; "
+               "Fedora: dnf install gcc python3-devel; macOS: xcode-select --install; Windows: the "
+               "Visual Studio Build Tools), then run pip again.")
+NO_PYTHON_HEADERS = ("flexformer: the C compiler works but cannot find Python.h ({include}). Install the "
+                     "Python development headers (Debian/Ubuntu: apt-get install python3-dev; Fedora: "
+                     "dnf install python3-devel), then run pip again.")
+NO_OPENMP = ("flexformer: the C compiler ({cmd}) has no OpenMP (-fopenmp was refused); building the "
+             "serial kernels: every call runs on one thread and flexformer.openmp_enabled() is False. "
+             "For threads, install OpenMP (macOS: brew install libomp, or build with gcc) and reinstall.")
 
 
-def _compiler_accepts(compiler_cmd, flags, source=PROBE):
-    """True when the C compiler builds and links `source` with `flags`."""
+def _compiler_accepts(compiler_cmd, flags, source):
+    """True when the C compiler builds and links ``source`` with ``flags``."""
     tmp = tempfile.mkdtemp(prefix="flexformer-probe-")
     try:
         src = os.path.join(tmp, "probe.c")
@@ -35,33 +55,44 @@ def _compiler_accepts(compiler_cmd, flags, source=PROBE):
             fh.write(source)
         cmd = list(compiler_cmd) + [src, "-o", os.path.join(tmp, "probe")] + list(flags)
         return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
-    except OSError:
+    except OSError:  # the compiler's program does not exist
         return False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _say(message):
+    """A build message pip shows: stderr, framed so it stands out in a build log."""
+    print(f"\n{'=' * 78}\n{message}\n{'=' * 78}\n", file=sys.stderr, flush=True)
+
+
 class BuildExt(build_ext):
-    """Adds OpenMP (when the compiler has it) and the optional flags above."""
+    """Checks the compiler, adds OpenMP (when the compiler has it) and the optional flags
+    above, and copies a regular build's extension into the source package."""
 
     def build_extensions(self):
-        compiler_cmd = self.compiler.compiler_so[:1] if hasattr(self.compiler, "compiler_so") else ["cc"]
         unix = self.compiler.compiler_type == "unix"
         compile_args, link_args = [], []
         if unix:
+            compiler_cmd = self.compiler.compiler_so[:1]
+            if not _compiler_accepts(compiler_cmd, [], "int main(void) { return 0; }\n"):
+                raise SystemExit(NO_COMPILER.format(cmd=" ".join(compiler_cmd)))
+            include = sysconfig.get_paths()["include"]
+            if not _compiler_accepts(compiler_cmd, ["-c", "-I" + include], PYTHON_PROBE):
+                raise SystemExit(NO_PYTHON_HEADERS.format(include=include))
             # -std=c99 (unlike GCC's default gnu dialects) stops a*b + c from becoming a fused
             # multiply-add; the AVX2 / AVX-512 copies of the products want them (10-20% on
-            # the block products here), and they only ever round less
+            # the block products), and they only ever round less
             compile_args += ["-O3", "-std=c99", "-fno-math-errno", "-ffp-contract=fast"]
         want_omp = os.environ.get("FLEXFORMER_NO_OPENMP", "") in ("", "0")
-        if want_omp and unix and _compiler_accepts(compiler_cmd, ["-fopenmp"]):
+        if want_omp and unix and _compiler_accepts(compiler_cmd, ["-fopenmp"], OPENMP_PROBE):
             compile_args.append("-fopenmp")
             link_args.append("-fopenmp")
         elif want_omp and not unix:
             compile_args.append("/openmp")
         else:
             if want_omp:
-                warnings.warn("flexformer: the C compiler has no OpenMP; building the serial kernels")
+                _say(NO_OPENMP.format(cmd=" ".join(compiler_cmd)))
             if unix and _compiler_accepts(compiler_cmd, ["-fopenmp-simd"], "int main(void){return 0;}"):
                 compile_args.append("-fopenmp-simd")
         if unix and os.environ.get("FLEXFORMER_NATIVE", "") not in ("", "0"):
@@ -75,13 +106,24 @@ class BuildExt(build_ext):
             ext.extra_link_args = link_args + list(ext.extra_link_args or [])
         super().build_extensions()
 
+    def run(self):
+        super().run()
+        # A build into the project's own build/ folder (pip install ., setup.py build) also
+        # places the extension in flexformer/: the source package, which Python imports
+        # first when run from the project root, is then as complete as the installed one.
+        # A build directed elsewhere (--build-lib outside the project) leaves it alone.
+        inside = os.path.abspath(self.build_lib).startswith(os.path.join(ROOT, "build") + os.sep)
+        if not self.inplace and inside:
+            self.copy_extensions_to_source()
+
 
 setup(
     ext_modules=[
         Extension(
             "flexformer._C",
             sources=["csrc/kernels.c", "csrc/buffer_cache.c", "csrc/module.c"],
-            depends=[os.path.join("csrc", f) for f in os.listdir("csrc") if f.endswith((".h", ".inc"))],
+            depends=[os.path.join("csrc", f) for f in os.listdir(os.path.join(ROOT, "csrc"))
+                     if f.endswith((".h", ".inc"))],
             include_dirs=[np.get_include(), "csrc"],
         )
     ],

@@ -69,7 +69,7 @@ def build(flags: str, dest: str) -> None:
                    cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # the Python package beside the fresh extension, subpackages included (copying only the
     # top level's modules left `import flexformer` failing on its subpackages)
-    shutil.copytree(os.path.join(ROOT, "src", "flexformer"), os.path.join(dest, "flexformer"),
+    shutil.copytree(os.path.join(ROOT, "flexformer"), os.path.join(dest, "flexformer"),
                     dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
 
 

@@ -67,18 +67,42 @@ static PyArrayObject *as_ndarray(PyObject *obj, const char *name)
     PyArrayObject *a = (PyArrayObject *)PyArray_FROM_O(obj);
     if (!a) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy array, got %s", name,
-                     Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be an array of real numbers (a numpy array, or a %s NumPy "
+                     "can convert), but NumPy could not convert it", name, Py_TYPE(obj)->tp_name);
+    }
+    return a;
+}
+
+/* A Python list, tuple or number carries no dtype of its own (NumPy would guess float64
+ * or int64), so it takes the call's dtype, as NumPy functions convert such arguments. */
+static int is_untyped(PyObject *obj)
+{
+    return PyList_Check(obj) || PyTuple_Check(obj) || PyFloat_Check(obj) || PyLong_Check(obj);
+}
+
+/* A Python list, tuple or number as an ndarray of dtype typenum (new reference); TypeError
+ * naming the argument when NumPy cannot convert it (ragged, strings, complex). */
+static PyArrayObject *untyped_as(PyObject *obj, const char *name, int typenum)
+{
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(obj, typenum, 0, 0, NPY_ARRAY_IN_ARRAY);
+    if (!a) {
+        PyArray_Descr *want = PyArray_DescrFromType(typenum);
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be an array of real numbers (a numpy array, or a %s NumPy "
+                     "can convert to %S), but NumPy could not convert it", name, Py_TYPE(obj)->tp_name,
+                     (PyObject *)want);
+        Py_XDECREF(want);
     }
     return a;
 }
 
 /* Convert obj to a C-contiguous, aligned, native array of dtype typenum and ndim dims.
- * TypeError names the argument on a dtype mismatch, ValueError on a wrong ndim. */
+ * A Python list, tuple or number is converted to typenum; an array of another dtype is a
+ * TypeError naming the argument, a wrong ndim a ValueError. */
 static PyArrayObject *to_array(PyObject *obj, const char *name, int typenum, int ndim,
                                const char *shape_doc)
 {
-    PyArrayObject *a = as_ndarray(obj, name);
+    PyArrayObject *a = is_untyped(obj) ? untyped_as(obj, name, typenum) : as_ndarray(obj, name);
     if (!a)
         return NULL;
     if (PyArray_TYPE(a) != typenum) {
@@ -268,7 +292,17 @@ static int prepare_param(attn_call *c, int i, PyObject *obj)
     char shape_doc[192] = "";
     if (PyArray_NDIM(a0) != (int)strlen(axes)) /* only the message needs it: a step is short */
         describe_axes(shape_doc, sizeof shape_doc, axes, c);
-    c->params[i] = to_array((PyObject *)a0, ps->name, c->typenum, (int)strlen(axes), shape_doc);
+    PyObject *src = is_untyped(obj) ? obj : (PyObject *)a0;
+    if (PyArray_NDIM(a0) == 0 && strcmp(axes, "H") == 0) {
+        /* one number for a per-head parameter (tau = 1.0): every head's, as NumPy broadcasts */
+        PyArrayObject *one = to_array(src, ps->name, c->typenum, 0, shape_doc);
+        npy_intp H = c->H;
+        c->params[i] = one ? (PyArrayObject *)PyArray_EMPTY(1, &H, c->typenum, 0) : NULL;
+        if (c->params[i] && PyArray_CopyInto(c->params[i], one) < 0)
+            Py_CLEAR(c->params[i]);
+        Py_XDECREF(one);
+    } else
+        c->params[i] = to_array(src, ps->name, c->typenum, (int)strlen(axes), shape_doc);
     Py_DECREF(a0);
     if (!c->params[i])
         return -1;
@@ -318,19 +352,28 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
     const char *qdoc = c->op == OP_linear ? "(B, H, Nq, F)" : "(B, H, Nq, d)";
     const char *kdoc = c->op == OP_linear ? "(B, H, Nk, F)" : "(B, H, Nk, d)";
     c->m = c->kp = c->L = -1;
-    PyArrayObject *q0 = as_ndarray(q, qn);
-    if (!q0)
-        return -1;
-    c->typenum = PyArray_TYPE(q0);
-    if (c->typenum != NPY_FLOAT && c->typenum != NPY_DOUBLE) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype float32 or float64, got %S", qn,
-                     (PyObject *)PyArray_DESCR(q0));
-        Py_DECREF(q0);
-        return -1;
+    /* the call's dtype: that of the first of q, k, v, dout that has one of its own (an
+     * array, not a Python list, tuple or number); float64 when none has */
+    PyObject *const order[4] = {q, k, v, dout};
+    const char *const order_names[4] = {qn, kn, "v", "dout"};
+    c->typenum = NPY_DOUBLE;
+    for (int i = 0; i < 4; ++i) {
+        if (!order[i] || is_untyped(order[i]))
+            continue;
+        PyArrayObject *a = as_ndarray(order[i], order_names[i]);
+        if (!a)
+            return -1;
+        c->typenum = PyArray_TYPE(a);
+        if (c->typenum != NPY_FLOAT && c->typenum != NPY_DOUBLE) {
+            PyErr_Format(PyExc_TypeError, "%s must have dtype float32 or float64, got %S", order_names[i],
+                         (PyObject *)PyArray_DESCR(a));
+            Py_DECREF(a);
+            return -1;
+        }
+        Py_DECREF(a);
+        break;
     }
-    c->q = to_array((PyObject *)q0, qn, c->typenum, 4, qdoc);
-    Py_DECREF(q0);
-    if (!c->q)
+    if (!(c->q = to_array(q, qn, c->typenum, 4, qdoc)))
         return -1;
     c->B = PyArray_DIM(c->q, 0);
     c->H = PyArray_DIM(c->q, 1);

@@ -13,10 +13,12 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 def test_unbuilt_source_tree_names_the_command(tmp_path):
     src = os.path.dirname(os.path.abspath(flexformer.__file__))
-    dest = tmp_path / "checkout" / "src" / "flexformer"
+    dest = tmp_path / "checkout" / "flexformer"
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("_C*", "__pycache__"))
-    proc = subprocess.run([sys.executable, "-c", "import flexformer"], cwd=dest.parent, capture_output=True,
-                          text=True)
+    # the copy itself is imported: an editable install's finder, which would come first, is dropped
+    load = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+            "if not getattr(f, '__module__', '').startswith('__editable__')]; import flexformer")
+    proc = subprocess.run([sys.executable, "-c", load], cwd=dest.parent, capture_output=True, text=True)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: flexformer's C extension is not built")

@@ -1,4 +1,4 @@
-"""Command line: ``python -m flexformer {train,compare,demo,generate,distill}``.
+"""The command line: ``flexformer {train,compare,demo,generate,distill}`` (or ``python -m flexformer``).
 
 ``train`` trains a small model on a task (default: flex_n attention on generated ListOps)
 and writes a checkpoint and metrics.json; ``compare`` runs several attention kinds under
@@ -108,17 +108,21 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    "(sinusoidal ones extend past --seq-len when generating)")
     p.add_argument("--steps", type=int, default=None,
                    help=f"training steps (default {d.steps}; with --resume: a new total)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"(default {d.batch_size})")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: the task's, " + ", ".join(
                        f"{t} {lr:g}" for t, lr in TASK_DEFAULT_LR.items()) + "; docs/results.md section 13)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help=f"AdamW weight decay (default {d.weight_decay})")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the initialisation and the data order "
+                   f"(default {d.seed})")
     p.add_argument("--threads", type=int, default=0, help="kernel threads (default: OpenMP's)")
     p.add_argument("--data-dir", default=None, help="data folder (fmnist, text-lm, text-cls, retrieval)")
-    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--eval-batches", type=int, default=d.eval_batches,
+                   help=f"held-out batches in the final evaluation (default {d.eval_batches})")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help=f"steps between checkpoints (default {d.checkpoint_every})")
     kernel_init_args(p)
     p.add_argument("--kernel-lr-scale", type=float, default=d.kernel_lr_scale,
                    help=f"learning-rate multiplier for the attention-kernel parameters (default {d.kernel_lr_scale})")
@@ -409,9 +413,12 @@ def distill_command(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flexformer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
+    parser = argparse.ArgumentParser(prog="flexformer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="`flexformer COMMAND --help` lists a command's options; "
+                                            "`python -m flexformer` is the same program.")
+    parser.add_argument("--version", action="version", version=f"flexformer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     t = sub.add_parser("train", help="train and evaluate a model (default: flex_n on ListOps)")
     parser.train_parser = t  # train_command reads which flags were given (for --resume)
     _train_args(t)
@@ -433,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--data-dir", default=None, help="plain-text folder for the text tasks (passed to train)")
     c.add_argument("--fmnist-dir", default=None, help="with --suite: the Fashion-MNIST folder of the image task "
                    "(default /usr/share/datasets/fashion-mnist)")
-    c.add_argument("--seeds", type=int, default=3)
+    c.add_argument("--seeds", type=int, default=3, help="seeds per kind, 0 to N-1 (default 3)")
     c.add_argument("--jobs", type=int, default=1, help="with --suite: runs at once (default 1); each gets "
                    "--threads cpus/jobs unless you pass --threads")
     c.epilog = "Any other arguments (e.g. --task listops --steps 300) go to every train run."
@@ -444,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--features", type=int, default=64, help="frequencies m (default 64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and frequencies (default 0)")
     g = sub.add_parser("generate", help="sample text from a text-lm checkpoint (recurrent decoding)")
     g.add_argument("--checkpoint", required=True, metavar="DIR", help="run folder or checkpoint.npz of a "
                    "text-lm model")
@@ -452,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokens", type=int, default=200, help="bytes to generate (default 200)")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
     g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely bytes")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     g.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
     s = sub.add_parser("distill", help="distil all-MiniLM-L6-v2's attention into each kernel kind "
                        "(needs the distill extra)")
@@ -464,18 +471,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated kinds (default: the distillable ones, {','.join(DISTILL_KINDS)})")
     s.add_argument("--features", type=int, default=32, help="m per head (default 32)")
     s.add_argument("--steps", type=int, default=300, help="Adam steps per layer (default 300)")
-    s.add_argument("--lr", type=float, default=1e-2)
+    s.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default 0.01)")
     s.add_argument("--lr-schedule", choices=("cosine", "constant"),
                    default="cosine" if DISTILL_DECAY else "constant",
                    help="cosine: the rate falls from --lr to --lr/10 over --steps; constant: it stays --lr "
                    "(default: %(default)s, flexformer.distill.experiment.DISTILL_DECAY)")
     s.add_argument("--batch-size", type=int, default=32, help="sentences per step (default 32)")
-    s.add_argument("--train-sentences", type=int, default=512)
-    s.add_argument("--val-sentences", type=int, default=128)
-    s.add_argument("--test-sentences", type=int, default=256)
+    s.add_argument("--train-sentences", type=int, default=512, help="training sentences (default 512)")
+    s.add_argument("--val-sentences", type=int, default=128,
+                   help="validation sentences, for early stopping (default 128)")
+    s.add_argument("--test-sentences", type=int, default=256, help="test sentences (default 256)")
     s.add_argument("--max-len", type=int, default=64, help="tokens per sentence at most (default 64)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--seed", type=int, default=0, help="seed of the sentence draw and the initialisation "
+                   "(default 0)")
+    s.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
     s.add_argument("--out", default=None, help="also write the results as JSON")
     s.add_argument("--soft-floor", type=float, default=None, metavar="EPS",
                    help="the trig kinds' training loss takes log of a smooth positive g(f(q).f(k)) instead of "
@@ -484,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the hard floor)")
     # distillation fits rows: the matched, narrower start measured better (docs/results.md 7b, 17)
     kernel_init_args(s, match_tau=DISTILL_INIT["match_tau"], scale=DISTILL_INIT["scale"])
-    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
 
@@ -507,9 +516,10 @@ def _single_threaded_blas() -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        argv = ["train"]
     args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     if extra and args.command != "compare":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
@@ -533,9 +543,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """The ``flexformer`` program (and ``python -m flexformer``)."""
     # demo too: its timing follows NumPy products, whose OpenBLAS threads keep polling
     # (about 100 ms) and held its N = 512 forward + backward at 8 ms instead of 2.5
-    if sys.argv[1:2] in (["train"], ["compare"], ["distill"], ["demo"], []):
+    if sys.argv[1:2] in (["train"], ["compare"], ["distill"], ["demo"]):
         _single_threaded_blas()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

@@ -30,10 +30,9 @@ except ImportError:
     _here = os.path.dirname(os.path.abspath(__file__))
     if any(name.startswith("_C.") for name in os.listdir(_here)):
         raise  # built but not loadable: the loader's own message says why
-    _src = os.path.dirname(os.path.dirname(_here))
-    raise ImportError(f"flexformer's C extension is not built in {_here}: run `pip install {_src}` (or "
-                      f"`pip install -e {_src}` to work on it) and import flexformer from outside "
-                      f"that folder") from None
+    _root = os.path.dirname(_here)
+    raise ImportError(f"flexformer's C extension is not built in {_here}: run `pip install {_root}` (or "
+                      f"`pip install -e {_root}` to work on it)") from None
 finally:
     if not _spin_chosen:  # read by now: the environment goes back as it was, for child processes too
         del os.environ["GOMP_SPINCOUNT"]
@@ -61,7 +60,7 @@ from .softmax import (
     softmax_attention_backward,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def set_buffer_cache(mib: float) -> None:

@@ -18,6 +18,7 @@ diagnostics) is derived from it. Adding a kind: docs/architecture.md.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -120,6 +121,7 @@ class AttentionKind:
         bidirectional) the queries' and keys' projections for :meth:`backward`, last:
         ``out``, then the count, the state and the projections. ``eps`` is the linear
         kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`)."""
+        self.check_params(params)
         kw = self._eps_option(eps)
         if return_key_state:
             if not self.key_state or causal:
@@ -145,6 +147,7 @@ class AttentionKind:
         """``(dq, dk, dv, dparams)`` with dparams keyed by the learnable names; ``key_state``
         and ``projections`` from :meth:`forward` on the same inputs skip the key pass and the
         projections; ``eps`` as in :meth:`forward`."""
+        self.check_params(params)
         extra = self._eps_option(eps)
         if key_state is not None:
             extra["key_state"] = key_state
@@ -160,6 +163,40 @@ class AttentionKind:
         else:
             dq, dk, dv, *grads = self._backward(dout, q, k, v, params, causal, key_mask, **extra)
         return dq, dk, dv, dict(zip(self.learnable, grads))
+
+    def check_params(self, params) -> None:
+        """Raise unless ``params`` is a mapping with exactly this kind's parameter names.
+
+        Parameters
+        ----------
+        params : mapping of str to array_like
+            The kind's parameters, as :meth:`init` returns them.
+
+        Raises
+        ------
+        TypeError
+            ``params`` is not a mapping.
+        ValueError
+            A name is missing or not one of the kind's (the message lists the expected names).
+
+        Examples
+        --------
+        >>> import flexformer as ff
+        >>> ff.get_attention("flex_n").check_params({"omega1": None})
+        Traceback (most recent call last):
+            ...
+        ValueError: params for flex_n must hold omega1, omega2, tau; missing omega2, tau
+        """
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be a dict of the kind's arrays ({', '.join(self.params) or 'none'}), "
+                            f"got {type(params).__name__}")
+        missing = [n for n in self.params if n not in params]
+        unknown = [str(n) for n in params if n not in self.params]
+        if missing or unknown:
+            expected = ", ".join(self.params) if self.params else "no parameters"
+            said = [f"missing {', '.join(missing)}"] if missing else []
+            said += [f"unknown {', '.join(unknown)}"] if unknown else []
+            raise ValueError(f"params for {self.name} must hold {expected}; {'; '.join(said)}")
 
     def _eps_option(self, eps: Optional[float]) -> dict:
         if eps is None:

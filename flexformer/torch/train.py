@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import set_num_threads
+from .._progress import ProgressLine
 from ..training import TrainConfig
 from ..training.loop import batch_for, batch_tokens, build_data, build_model, prepare_run_folder
 from ..training.optim import lr_at
@@ -141,6 +142,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8)
     per = cfg.batch_size // world
     t0 = time.perf_counter()
+    bar = ProgressLine(cfg.steps, sys.stderr) if rank == 0 and not args.quiet else None
     loss_value = float("nan")
     tokens = 0  # counted as the NumPy trainer counts them: real (unmasked) tokens of the global batch
     for step in range(cfg.steps):  # step numbering, batches and schedule as in the NumPy trainer
@@ -163,12 +165,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not math.isfinite(loss_value):
             print(f"error: loss became {loss_value} at step {step}", file=sys.stderr)
             return 1
-        if rank == 0 and not args.quiet:
-            print(f"\rstep {step + 1}/{cfg.steps} loss {loss_value:.4f} ({world} process{'es' if world > 1 else ''})",
-                  end="", file=sys.stderr, flush=True)
+        if bar is not None:
+            bar.show(step + 1, f"step {step + 1}/{cfg.steps} loss {loss_value:.4f} "
+                               f"({world} process{'es' if world > 1 else ''})")
     if rank == 0:
-        if not args.quiet:
-            print(file=sys.stderr)
+        if bar is not None:
+            bar.close()
         wall = time.perf_counter() - t0
         metrics = {"task": cfg.task, "attention": cfg.attention, "steps": cfg.steps, "processes": world,
                    "train_loss": loss_value, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else None}

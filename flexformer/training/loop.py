@@ -16,6 +16,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._progress import ProgressLine
 from ..threads import set_num_threads
 from ..init import DEFAULT_MATCH_TAU, DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
 from ..nn import CausalLM, EncoderClassifier, TwoTowerClassifier, cross_entropy
@@ -362,13 +363,12 @@ class _StopFlag:
             signal.signal(signal.SIGINT, self._old)
 
 
-def _progress(step, total, loss, tok_s, start, stream):
+def _progress_message(step, total, loss, tok_s, start):
     width = 24
     done = int(width * step / total)
     eta = (time.perf_counter() - start) / max(step, 1) * (total - step)
-    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {loss:.4f} "
-                 f"{tok_s:,.0f} tok/s eta {eta:5.0f}s ")
-    stream.flush()
+    return (f"[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {loss:.4f} "
+            f"{tok_s:,.0f} tok/s eta {eta:5.0f}s")
 
 
 RUN_FILES = ("checkpoint.npz", "metrics.json", "diagnostics.jsonl")
@@ -491,7 +491,7 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
             fh.write(json.dumps(last_diag) + "\n")
 
     losses, tokens, start, step = [], 0, time.perf_counter(), start_step
-    last_draw = 0.0
+    bar = ProgressLine(cfg.steps, stream) if progress else None
     stopped, reason = False, None
     with _StopFlag() as flag:
         while step < cfg.steps:
@@ -521,9 +521,9 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
             losses.append(loss)
             tokens += ntok
             now = time.perf_counter()
-            if progress and (now - last_draw > 0.1 or step == cfg.steps):  # redraw at most 10x/s
-                last_draw = now
-                _progress(step, cfg.steps, np.mean(losses[-20:]), tokens / (now - start), start, stream)
+            if bar is not None:
+                bar.show(step, _progress_message(step, cfg.steps, np.mean(losses[-20:]), tokens / (now - start),
+                                                 start))
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 write_checkpoint(step)
             if flag.stop or (stop_at is not None and step >= stop_at and step < cfg.steps):
@@ -531,8 +531,8 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
                 stopped = True
                 break
     wall = time.perf_counter() - start
-    if progress:
-        stream.write("\n")
+    if bar is not None:
+        bar.close()
     if reason:
         stream.write(reason + "\n")
         raise FloatingPointError(reason)

@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .._progress import ProgressLine
 from ..nn.core import Parameter
 from ..registry import attention_kinds, check_param_shapes, feature_backward, features, get_attention, require_params
 from ..training.optim import AdamW, lr_at
@@ -304,6 +305,7 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     opt = AdamW(list(trained.items()), lr=lr, weight_decay=0.0)
     stale, recent = 0, []
     t0 = time.perf_counter()
+    bar = ProgressLine(steps, sys.stderr) if progress else None
     for step in range(1, steps + 1):
         idx = rng.choice(len(tq), size=min(batch_size, len(tq)), replace=False)
         loss, per_head, grads = _batch_loss(kind, (tq, tk, tm), idx, params, floor, soft_floor)
@@ -325,14 +327,14 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
             stale = 0 if (cur < best_before * (1 - min_delta)).any() else stale + 1
             msg = (f"{kind}: step {step}/{steps}  train {result.train_loss[-1].mean():.4f}  "
                    f"held-out {cur.mean():.4f} (best {best_val.mean():.4f})  {time.perf_counter() - t0:.0f}s")
-            if progress:
-                print("\r" + msg, end="", file=sys.stderr, flush=True)
+            if bar is not None:
+                bar.show(step, msg)
             if log is not None:
                 log(msg)
             if stale >= patience:
                 result.stopped_early = True
                 break
-    if progress:
-        print(file=sys.stderr)
+    if bar is not None:
+        bar.close()
     result.params, result.best_val, result.steps = best, best_val, step
     return result

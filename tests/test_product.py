@@ -1,0 +1,238 @@
+"""What a newcomer meets first: the command line's help, version and progress output, the
+packaging metadata, the build's messages without a compiler or without OpenMP, and
+NumPy-style argument conversion with errors that name the argument."""
+import io
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from importlib import metadata
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+from flexformer.__main__ import build_parser, main
+from flexformer._progress import ProgressLine
+from conftest import make_inputs
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+# ---------------------------------------------------------------- command line
+
+def test_no_command_prints_help_and_exits_0(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: flexformer")
+    for command in ("train", "compare", "demo", "generate", "distill"):
+        assert command in out
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"flexformer {ff.__version__}"
+
+
+def test_python_dash_m_with_no_command_is_quick_and_helpful():
+    proc = subprocess.run([sys.executable, "-m", "flexformer"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "usage: flexformer" in proc.stdout and "runs" not in proc.stderr
+
+
+def test_every_option_of_every_command_has_help_text():
+    parser = build_parser()
+    commands = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"][0]
+    missing = []
+    for name, sub in [("flexformer", parser)] + list(commands.choices.items()):
+        for action in sub._actions:
+            if action.option_strings and not (action.help and action.help.strip()):
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert not missing, f"options without help text: {missing}"
+
+
+def test_console_script_is_declared_and_names_the_same_entry():
+    scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts")
+               if e.name == "flexformer"}
+    assert scripts == {"flexformer": "flexformer.__main__:console_main"}
+    exe = shutil.which("flexformer", path=os.path.dirname(sys.executable))
+    if exe is not None:  # installed into this interpreter's environment
+        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip() == f"flexformer {ff.__version__}"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_redraws_on_a_terminal_and_logs_lines_elsewhere():
+    log = io.StringIO()
+    bar = ProgressLine(200, log)
+    for step in range(1, 201):
+        bar.show(step, f"step {step}")
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert lines[0] == "step 1" and lines[-1] == "step 200"
+    assert 20 <= len(lines) <= 22  # one line every 5% (10 steps), the first and the last
+    term = _Terminal()
+    bar = ProgressLine(200, term)
+    for step in range(1, 201):
+        bar.show(step, f"step {step}")
+    bar.close()
+    text = term.getvalue()
+    assert text.startswith("\rstep 1 ") and text.endswith("\rstep 200 \n")
+
+
+def test_training_progress_in_a_log_file_has_no_carriage_returns(tmp_path):
+    out = tmp_path / "run"
+    log = tmp_path / "log.txt"
+    with open(log, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "flexformer", "train", "--steps", "40", "--seq-len", "32",
+                               "--batch-size", "4", "--dim", "16", "--heads", "2", "--depth", "1",
+                               "--eval-batches", "1", "--out", str(out)],
+                              stdout=subprocess.DEVNULL, stderr=fh, timeout=300)
+    assert proc.returncode == 0
+    text = log.read_text()
+    assert "\r" not in text
+    bars = [line for line in text.splitlines() if line.startswith("[")]
+    assert bars[-1].startswith("[" + "#" * 24 + "] 40/40")
+    assert 2 <= len(bars) <= 22
+
+
+# ---------------------------------------------------------------- packaging
+
+def test_license_and_spdx_metadata():
+    meta = metadata.metadata("flexformer")
+    assert os.path.isfile(os.path.join(ROOT, "LICENSE"))
+    assert "MIT License" in open(os.path.join(ROOT, "LICENSE")).read()
+    assert meta["License-Expression"] == "MIT"
+    assert meta["Requires-Python"] == ">=3.9"
+    assert any(c.startswith("Programming Language :: Python :: 3") for c in meta.get_all("Classifier"))
+
+
+def test_one_version_source():
+    assert metadata.version("flexformer") == ff.__version__
+    pyproject = open(os.path.join(ROOT, "pyproject.toml")).read()
+    assert re.search(r'^dynamic = \["version"\]', pyproject, re.M)
+    assert not re.search(r"^version\s*=\s*\"", pyproject, re.M)  # no literal: read from _version.py
+    written = [p for p in ("flexformer/__init__.py", "setup.py")
+               if re.search(r'__version__\s*=\s*"|version\s*=\s*"', open(os.path.join(ROOT, p)).read())]
+    assert written == []
+
+
+def test_package_is_marked_typed():
+    assert os.path.isfile(os.path.join(os.path.dirname(ff.__file__), "py.typed"))
+
+
+# ---------------------------------------------------------------- builds
+
+def _build(tmp_path, env):
+    dest = tmp_path / "build"
+    return subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(dest), "--build-temp",
+                           str(tmp_path / "tmp")], cwd=ROOT, env=dict(os.environ, **env), capture_output=True,
+                          text=True, timeout=900), dest
+
+
+def test_without_a_c_compiler_the_build_says_what_to_install(tmp_path):
+    proc, _ = _build(tmp_path, {"CC": str(tmp_path / "no-such-cc")})
+    assert proc.returncode != 0
+    message = proc.stdout + proc.stderr
+    assert "flexformer: no working C compiler" in message
+    assert "apt-get install gcc python3-dev" in message
+    assert "OpenMP" not in message  # the old, misleading cause
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to wrap")
+def test_a_compiler_without_openmp_builds_serial_kernels_with_a_warning(tmp_path):
+    wrapper = tmp_path / "cc-without-openmp"
+    wrapper.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "no OpenMP" >&2; exit 1; }; '
+                       'done\nexec gcc "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    proc, dest = _build(tmp_path, {"CC": str(wrapper), "LDSHARED": f"{wrapper} -shared"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "flexformer: the C compiler" in proc.stderr and "has no OpenMP" in proc.stderr
+    shutil.copytree(os.path.dirname(ff.__file__), dest / "flexformer", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    check = ("import numpy as np, flexformer as ff\n"
+             "from flexformer import reference\n"
+             "assert not ff.openmp_enabled() and ff.get_num_threads() == 1\n"
+             "rng = np.random.default_rng(0)\n"
+             "q, k, v = (rng.standard_normal((2, 2, 33, 8)) * 0.5 for _ in range(3))\n"
+             "omega = ff.init.flex_s_omega(2, 16, 8, rng=1)\n"
+             "for causal in (False, True):\n"
+             "    got = ff.flex_s_attention(q, k, v, omega, causal=causal)\n"
+             "    want = reference.flex_s_attention(q, k, v, omega, causal=causal)\n"
+             "    assert np.allclose(got, want, rtol=1e-9, atol=1e-11), abs(got - want).max()\n"
+             "print(ff.__file__)\n")
+    run = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(dest)),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().startswith(str(dest))
+
+
+# ---------------------------------------------------------------- NumPy-style inputs
+
+def test_python_lists_take_the_dtype_of_the_arrays_beside_them():
+    x = make_inputs(dtype=np.float32)
+    want = ff.flex_s_attention(x["q"], x["k"], x["v"], x["omega"])
+    got = ff.flex_s_attention(x["q"].tolist(), x["k"], x["v"], x["omega"].tolist())
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    got64 = ff.flex_s_attention(x["q"].tolist(), x["k"].tolist(), x["v"].tolist(), x["omega"].tolist())
+    assert got64.dtype == np.float64
+    np.testing.assert_allclose(got64, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_number_for_a_per_head_parameter_is_every_heads():
+    x = make_inputs()
+    H = x["q"].shape[1]
+    want = ff.flex_n_attention(x["q"], x["k"], x["v"], x["omega1"], x["omega2"], np.full(H, 1.5))
+    for tau in (1.5, np.float64(1.5), [1.5] * H):
+        np.testing.assert_array_equal(ff.flex_n_attention(x["q"], x["k"], x["v"], x["omega1"], x["omega2"], tau),
+                                      want)
+    x32 = make_inputs(dtype=np.float32)
+    out = ff.flex_n_attention(x32["q"], x32["k"], x32["v"], x32["omega1"], x32["omega2"], 1.5)
+    assert out.dtype == np.float32
+
+
+@pytest.mark.parametrize("position,name", [(0, "q"), (1, "k"), (2, "v"), (3, "omega")])
+def test_errors_name_the_argument_at_fault(position, name):
+    x = make_inputs()
+    args = [x["q"], x["k"], x["v"], x["omega"]]
+    args[position] = [[1.0, 2.0], [3.0]]  # ragged: NumPy cannot convert it
+    with pytest.raises(TypeError, match=rf"^{name} must be an array of real numbers"):
+        ff.flex_s_attention(*args)
+    if position < 3:
+        args = [x["q"], x["k"], x["v"], x["omega"]]
+        args[position] = args[position].astype(np.float32)  # a float32 array among float64 ones
+        blamed = name if position > 0 else "k"  # q sets the call's dtype
+        with pytest.raises(TypeError, match=rf"^{blamed} must have dtype"):
+            ff.flex_s_attention(*args)
+
+
+def test_a_list_query_beside_float32_keys_names_no_innocent_argument():
+    x = make_inputs(dtype=np.float32)
+    out = ff.flex_s_attention(x["q"].tolist(), x["k"], x["v"], x["omega"])
+    assert out.dtype == np.float32
+
+
+@pytest.mark.parametrize("kind", ff.attention_kinds())
+def test_registry_calls_check_parameter_names(kind):
+    spec = ff.get_attention(kind)
+    x = make_inputs(B=1, H=2, Nq=8, d=4, e=4, m=4)
+    params = spec.init(2, 4, num_features=4, rng=0, **({"max_len": 8} if kind == "linformer" else {}))
+    expected = ", ".join(spec.params) if spec.params else "no parameters"
+    with pytest.raises(ValueError, match=re.escape(f"params for {kind} must hold {expected}; unknown omgea")):
+        spec.forward(x["q"], x["k"], x["v"], dict(params, omgea=1.0))
+    for name in spec.params:
+        partial = {n: p for n, p in params.items() if n != name}
+        with pytest.raises(ValueError, match=re.escape(f"must hold {expected}; missing {name}")):
+            spec.forward(x["q"], x["k"], x["v"], partial)
+        with pytest.raises(ValueError, match=re.escape(f"missing {name}")):
+            spec.backward(x["v"], x["q"], x["k"], x["v"], partial)
