@@ -324,7 +324,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     parser.add_argument("--quick", action="store_true", help="smoke run: N in {256, 512}, H=2, 2 repeats")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "latest"))
     parser.add_argument("--modes", nargs="+", default=["bidir", "causal"], choices=["bidir", "causal"],
                         help="attention modes to run (torch.compile of the causal form at N = 16384 "
                         "compiles for many minutes: --modes bidir skips it)")

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=50, help="timed tokens per context (default 50)")
     p.add_argument("--kinds", default="flex_n,flex_s,performer,hedgehog,softmax")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest"))
     args = p.parse_args(argv)
     ff.set_num_threads(args.threads)
     contexts = [256, 1024] if args.quick else [256, 1024, 4096, 16384, 65536]

@@ -65,7 +65,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20, help="timed layers per process")
     parser.add_argument("--quick", action="store_true", help="one small size, one round, 3 layers")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "latest"),
                         help="folder for neighbours.json")
     args = parser.parse_args()
     sizes = [(2, 512)] if args.quick else [(2, 512), (8, 4096)]

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--levels", type=int, nargs="+", default=[3, 4])
     p.add_argument("--kinds", nargs="+", default=["flex_n", "flex_s"])
     p.add_argument("--modes", nargs="+", default=["bidir", "causal"], choices=["bidir", "causal"])
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=os.path.join(HERE, "results", "latest"))
     args = p.parse_args(argv)
     if shutil.which("perf") is None:
         print("perf is not installed (Debian: apt-get install linux-perf)", file=sys.stderr)

@@ -164,7 +164,7 @@ def _load(path: str):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(HERE, "results", "targets"))
+    p.add_argument("--out", default=os.path.join(HERE, "results", "latest", "targets"))
     p.add_argument("--from", dest="source", help="judge the records already in this folder (no runs)")
     p.add_argument("--rounds", type=int, default=5, help="rounds of the N = 4096 runs (default 5)")
     p.add_argument("--rounds-16384", type=int, default=3, help="rounds of the N = 16384 run (default 3)")

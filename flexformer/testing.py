@@ -53,7 +53,7 @@ def gradcheck(
 ) -> Dict[str, float]:
     """Compare an analytic backward with central finite differences, in float64.
 
-    The scalar checked is L = sum(dout * forward(*inputs, **kwargs)) with a random
+    The scalar checked is ``L = sum(dout * forward(*inputs, **kwargs))`` with a random
     ``dout`` (or the one given); ``backward(dout, *inputs, **kwargs)`` must return the
     gradients of L with respect to ``inputs`` in the same order.
 
