@@ -73,6 +73,26 @@ def set_buffer_cache(mib: float) -> None:
     operating system fault in and clear fresh pages (about 10% of a Flexformer forward +
     backward at N = 4096). Up to this many bytes of freed blocks stay allocated to the
     process; :func:`buffer_cache_info` shows how many.
+
+    Parameters
+    ----------
+    mib : float
+        The bound in MiB, 0 to 1,048,576.
+
+    Raises
+    ------
+    TypeError
+        ``mib`` is not a number.
+    ValueError
+        ``mib`` is outside that range.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> ff.set_buffer_cache(64)
+    >>> ff.buffer_cache_info()["limit"] == 64 * 2**20
+    True
+    >>> ff.set_buffer_cache(256)
     """
     if isinstance(mib, bool) or not isinstance(mib, (int, float, np.integer, np.floating)):
         raise TypeError(f"mib must be a number, got {type(mib).__name__}")
@@ -95,14 +115,46 @@ def set_causal_cache(mib: float) -> None:
     """Bound the memory the causal backward may spend keeping each chunk's features and
     weights between its two sweeps, in MiB (default 256; 0 recomputes them instead).
     Beyond the bound the kernel recomputes; the gradients are the same bit for bit either
-    way. ``FLEXFORMER_CAUSAL_CACHE_MIB``, when set, is read once, at import."""
+    way. ``FLEXFORMER_CAUSAL_CACHE_MIB``, when set, is read once, at import.
+
+    Parameters
+    ----------
+    mib : float
+        The budget in MiB, 0 to 1,048,576.
+
+    Raises
+    ------
+    TypeError
+        ``mib`` is not a number.
+    ValueError
+        ``mib`` is outside that range.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> ff.set_causal_cache(128)
+    >>> ff.causal_cache_limit() == 128 * 2**20
+    True
+    >>> ff.set_causal_cache(256)
+    """
     if isinstance(mib, bool) or not isinstance(mib, (int, float, np.integer, np.floating)):
         raise TypeError(f"mib must be a number, got {type(mib).__name__}")
     _C.set_causal_cache(float(mib))  # the range (0 to 1048576) is checked there
 
 
 def causal_cache_limit() -> int:
-    """The causal backward's chunk-cache budget in bytes (:func:`set_causal_cache`)."""
+    """The causal backward's chunk-cache budget in bytes (:func:`set_causal_cache`).
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> ff.causal_cache_limit() >= 0
+    True
+    """
     return int(_C.causal_cache_limit())
 
 
@@ -110,7 +162,19 @@ def isa_level() -> int:
     """The x86-64 micro-architecture level whose kernel code paths run: 4 (AVX-512), 3
     (AVX2 and FMA) or 2 (baseline), chosen once from the CPU and capped by
     ``FLEXFORMER_CPU_LEVEL``; 0 for a build without run-time dispatch (not x86-64 GCC,
-    or ``FF_NO_CLONES``). Benchmarks print it beside their timings."""
+    or ``FF_NO_CLONES``). Benchmarks print it beside their timings.
+
+    Returns
+    -------
+    int
+        0, 2, 3 or 4.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> ff.isa_level() in (0, 2, 3, 4)
+    True
+    """
     return int(_C.isa_level())
 
 
@@ -126,6 +190,22 @@ def dense_paths(dtype=np.float32) -> dict:
     ----------
     dtype : numpy dtype, optional
         float32 (default) or float64: each dtype is timed on its own.
+
+    Returns
+    -------
+    dict
+        ``{"products": ..., "row_dots": ...}``.
+
+    Raises
+    ------
+    TypeError
+        ``dtype`` is not float32 or float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> sorted(ff.dense_paths(np.float64))
+    ['products', 'row_dots']
     """
     dt = np.dtype(dtype)
     if dt not in (np.float32, np.float64):
@@ -144,7 +224,19 @@ _budget_from_environment("FLEXFORMER_CAUSAL_CACHE_MIB", set_causal_cache)
 
 def buffer_cache_info() -> dict:
     """The block cache's state: ``blocks`` and ``bytes`` held now, ``limit`` in bytes, and
-    ``hits`` / ``misses`` counted over the large allocations so far."""
+    ``hits`` / ``misses`` counted over the large allocations so far.
+
+    Returns
+    -------
+    dict
+        ``blocks``, ``bytes``, ``limit``, ``hits`` and ``misses``.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> sorted(ff.buffer_cache_info())
+    ['blocks', 'bytes', 'hits', 'limit', 'misses']
+    """
     return dict(_C.buffer_cache_info())
 
 

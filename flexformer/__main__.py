@@ -111,7 +111,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: the task's, " + ", ".join(
-                       f"{t} {lr:g}" for t, lr in TASK_DEFAULT_LR.items()) + "; docs/results.md section 13)")
+                       f"{t} {lr:g}" for t, lr in TASK_DEFAULT_LR.items()) + "; docs/journal/results-log.md section 13)")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay,
                    help=f"AdamW weight decay (default {d.weight_decay})")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
@@ -137,7 +137,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="width of a causal depthwise convolution on queries, keys and values after their "
                         "projections (a local window for the linear kinds); 0 = none (default: the task's, "
                         + ", ".join(f"{t} {v['short_conv']}" for t, v in TASK_DEFAULTS.items())
-                        + "; docs/results.md section 15)")
+                        + "; docs/journal/results-log.md section 15)")
     p.add_argument("--diagnostics-every", type=int, default=d.diagnostics_every,
                    help=f"steps between per-layer kernel diagnostics in diagnostics.jsonl; 0 = off "
                         f"(default {d.diagnostics_every})")

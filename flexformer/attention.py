@@ -153,6 +153,29 @@ def flex_s_attention(
         (B, H, Nq, e) in the input dtype; ``(out, guard_count)`` when
         ``return_guard_count``, then ``key_state`` when ``return_key_state`` and
         ``projections`` last when ``return_projections``.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> omega = ff.init.flex_s_omega(2, 32, 8, rng=0)
+    >>> out = ff.flex_s_attention(q, k, v, omega, causal=True)
+    >>> out.shape
+    (1, 2, 16, 8)
+    >>> bool(np.allclose(out, ff.reference.flex_s_attention(q, k, v, omega, causal=True)))
+    True
     """
     return _forward(_C.flex_s_forward, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
                     return_guard_count=return_guard_count, return_key_state=return_key_state,
@@ -193,6 +216,28 @@ def flex_s_attention_backward(
     -------
     dq, dk, dv, domega : ndarray
         Same shapes and dtype as q, k, v and omega. Masked keys get zero gradient.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> omega = ff.init.flex_s_omega(2, 32, 8, rng=0)
+    >>> dout = np.ones((1, 2, 16, 8))
+    >>> dq, dk, dv, domega = ff.flex_s_attention_backward(dout, q, k, v, omega)
+    >>> domega.shape == omega.shape
+    True
     """
     return _backward(_C.flex_s_backward, dout, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
                      key_state=key_state, projections=projections)
@@ -239,6 +284,32 @@ def flex_n_attention(
     out : ndarray
         (B, H, Nq, e); ``(out, guard_count)`` when ``return_guard_count``, then the key
         state and the projections as in :func:`flex_s_attention`.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> omega1, omega2, tau = ff.init.flex_n_params(2, 32, 8, rng=0)
+    >>> out = ff.flex_n_attention(q, k, v, omega1, omega2, tau, causal=True)
+    >>> bool(np.allclose(out, ff.reference.flex_n_attention(q, k, v, omega1, omega2, tau, causal=True)))
+    True
+
+    One number for ``tau`` is every head's:
+
+    >>> ff.flex_n_attention(q, k, v, omega1, omega2, 1.5).shape
+    (1, 2, 16, 8)
     """
     return _forward(_C.flex_n_forward, q, k, v, omega1, omega2, tau, causal=causal, key_mask=key_mask, eps=eps,
                     return_guard_count=return_guard_count, return_key_state=return_key_state,
@@ -268,6 +339,37 @@ def flex_n_attention_backward(
     -------
     dq, dk, dv, domega1, domega2, dtau : ndarray
         Same shapes and dtype as q, k, v, omega1, omega2 and tau.
+
+    Parameters
+    ----------
+    dout : ndarray
+        Gradient of the loss with respect to the output, (B, H, Nq, e).
+    q, k, v, omega1, omega2, tau, causal, key_mask, eps
+        As in :func:`flex_n_attention`.
+    key_state, projections : ndarray, optional
+        What :func:`flex_n_attention` returned with ``return_key_state`` and
+        ``return_projections`` for the same inputs (bidirectional only).
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> omega1, omega2, tau = ff.init.flex_n_params(2, 32, 8, rng=0)
+    >>> grads = ff.flex_n_attention_backward(np.ones((1, 2, 16, 8)), q, k, v, omega1, omega2, tau)
+    >>> [g.shape for g in grads[3:]]
+    [(2, 32, 8), (2, 32, 8), (2,)]
     """
     return _backward(_C.flex_n_backward, dout, q, k, v, omega1, omega2, tau, causal=causal, key_mask=key_mask,
                      eps=eps, key_state=key_state, projections=projections)
@@ -293,6 +395,41 @@ def performer_attention(
     exp(q.k / sqrt d). Same stabilisation, guard and conventions as
     :func:`flex_s_attention`. The frequencies are not learned: the backward returns
     no gradient for them.
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        Queries (B, H, Nq, d), keys (B, H, Nk, d), values (B, H, Nk, e).
+    omega : ndarray
+        Fixed random frequencies (H, m, d) (:func:`flexformer.init.performer_omega`).
+    causal, key_mask, eps, return_guard_count, return_key_state
+        As in :func:`flex_s_attention`.
+
+    Returns
+    -------
+    out : ndarray
+        (B, H, Nq, e); with the guard count and key state after it when asked for.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> omega = ff.init.performer_omega(2, 32, 8, rng=0)
+    >>> out = ff.performer_attention(q, k, v, omega)
+    >>> bool(np.allclose(out, ff.reference.performer_attention(q, k, v, omega)))
+    True
     """
     return _forward(_C.performer_forward, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
                     return_guard_count=return_guard_count, return_key_state=return_key_state)
@@ -310,7 +447,41 @@ def performer_attention_backward(
     eps: float = DEFAULT_EPS,
     key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients ``(dq, dk, dv)`` of :func:`performer_attention` (omega is fixed)."""
+    """Gradients ``(dq, dk, dv)`` of :func:`performer_attention` (omega is fixed).
+
+    Parameters
+    ----------
+    dout : ndarray
+        Gradient of the loss with respect to the output, (B, H, Nq, e).
+    q, k, v, omega, causal, key_mask, eps, key_state
+        As in :func:`performer_attention`.
+
+    Returns
+    -------
+    dq, dk, dv : ndarray
+        Same shapes and dtype as q, k and v.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> omega = ff.init.performer_omega(2, 32, 8, rng=0)
+    >>> dq, dk, dv = ff.performer_attention_backward(np.ones((1, 2, 16, 8)), q, k, v, omega)
+    >>> dq.shape
+    (1, 2, 16, 8)
+    """
     return _backward(_C.performer_backward, dout, q, k, v, omega, causal=causal, key_mask=key_mask, eps=eps,
                      key_state=key_state)
 
@@ -332,6 +503,41 @@ def hedgehog_attention(
     phi(x) = softmax([x W, -x W]) over its 2m entries, with W = ``W[h]`` of shape
     (d, m) per head, so ``W`` is (H, d, m) (see :func:`flexformer.init.hedgehog_weights`).
     Same conventions as :func:`flex_s_attention`.
+
+    Parameters
+    ----------
+    q, k, v : ndarray
+        Queries (B, H, Nq, d), keys (B, H, Nk, d), values (B, H, Nk, e).
+    W : ndarray
+        The feature map's weights (H, d, m) (:func:`flexformer.init.hedgehog_weights`).
+    causal, key_mask, eps, return_guard_count, return_key_state
+        As in :func:`flex_s_attention`.
+
+    Returns
+    -------
+    out : ndarray
+        (B, H, Nq, e); with the guard count and key state after it when asked for.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> W = ff.init.hedgehog_weights(2, 8, 16, rng=0)
+    >>> out = ff.hedgehog_attention(q, k, v, W, causal=True)
+    >>> bool(np.allclose(out, ff.reference.hedgehog_attention(q, k, v, W, causal=True)))
+    True
     """
     return _forward(_C.hedgehog_forward, q, k, v, W, causal=causal, key_mask=key_mask, eps=eps,
                     return_guard_count=return_guard_count, return_key_state=return_key_state)
@@ -349,7 +555,41 @@ def hedgehog_attention_backward(
     eps: float = DEFAULT_EPS,
     key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients ``(dq, dk, dv, dW)`` of :func:`hedgehog_attention`."""
+    """Gradients ``(dq, dk, dv, dW)`` of :func:`hedgehog_attention`.
+
+    Parameters
+    ----------
+    dout : ndarray
+        Gradient of the loss with respect to the output, (B, H, Nq, e).
+    q, k, v, W, causal, key_mask, eps, key_state
+        As in :func:`hedgehog_attention`.
+
+    Returns
+    -------
+    dq, dk, dv, dW : ndarray
+        Same shapes and dtype as q, k, v and W.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> W = ff.init.hedgehog_weights(2, 8, 16, rng=0)
+    >>> dq, dk, dv, dW = ff.hedgehog_attention_backward(np.ones((1, 2, 16, 8)), q, k, v, W)
+    >>> dW.shape
+    (2, 8, 16)
+    """
     return _backward(_C.hedgehog_backward, dout, q, k, v, W, causal=causal, key_mask=key_mask, eps=eps,
                      key_state=key_state)
 
@@ -389,6 +629,27 @@ def linear_attention(
     -------
     out : ndarray
         (B, H, Nq, e); ``(out, guard_count)`` when ``return_guard_count``.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> phi_q, phi_k = np.exp(q), np.exp(k)           # any non-negative features
+    >>> out = ff.linear_attention(phi_q, phi_k, v, causal=True)
+    >>> bool(np.allclose(out, ff.reference.linear_attention(phi_q, phi_k, v, causal=True)))
+    True
     """
     return _forward(_C.linear_forward, phi_q, phi_k, v, causal=causal, key_mask=key_mask, eps=eps,
                     return_guard_count=return_guard_count, return_key_state=return_key_state)
@@ -405,7 +666,40 @@ def linear_attention_backward(
     eps: float = DEFAULT_EPS,
     key_state: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients ``(dphi_q, dphi_k, dv)`` of :func:`linear_attention`."""
+    """Gradients ``(dphi_q, dphi_k, dv)`` of :func:`linear_attention`.
+
+    Parameters
+    ----------
+    dout : ndarray
+        Gradient of the loss with respect to the output, (B, H, Nq, e).
+    phi_q, phi_k, v, causal, key_mask, eps, key_state
+        As in :func:`linear_attention`.
+
+    Returns
+    -------
+    dphi_q, dphi_k, dv : ndarray
+        Same shapes and dtype as phi_q, phi_k and v.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> dphi_q, dphi_k, dv = ff.linear_attention_backward(np.ones((1, 2, 16, 8)), np.exp(q), np.exp(k), v)
+    >>> dphi_q.shape
+    (1, 2, 16, 8)
+    """
     return _backward(_C.linear_backward, dout, phi_q, phi_k, v, causal=causal, key_mask=key_mask, eps=eps,
                      key_state=key_state)
 

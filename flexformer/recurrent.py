@@ -61,6 +61,14 @@ class LinearAttentionState:
         Key-weight sum and running log-scale (module docstring).
     tokens : int
         Tokens consumed so far.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rec = ff.RecurrentAttention("flex_s", ff.get_attention("flex_s").init(2, 8, num_features=16, rng=0))
+    >>> state = rec.empty_state(batch=1, heads=2, head_dim=8, value_dim=8, dtype=np.float64)
+    >>> state.tokens, state.packed.shape          # F = 2m = 32 features: 32 * 8 + 32 + 2
+    (0, (1, 2, 290))
     """
 
     def __init__(self, S: np.ndarray, z: np.ndarray, R: np.ndarray, M: np.ndarray, tokens: int = 0):
@@ -136,7 +144,29 @@ class LinearAttentionState:
 
 
 class KVCacheState:
-    """Softmax attention's recurrent state: every key and value so far (grows with t)."""
+    """Softmax attention's recurrent state: every key and value so far (grows with t).
+
+    Made by :meth:`RecurrentAttention.prefill` and :meth:`RecurrentAttention.empty_state`
+    for ``"softmax"``; a user does not build one directly.
+
+    Parameters
+    ----------
+    keys, values : ndarray
+        Preallocated (B, H, capacity, d) and (B, H, capacity, e) buffers.
+    keep : ndarray of bool
+        (B, capacity): which cached positions are real (unmasked) keys.
+    length : int, optional
+        Positions already filled.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rec = ff.RecurrentAttention("softmax")
+    >>> x = np.random.default_rng(0).standard_normal((1, 2, 5, 8))
+    >>> out, cache = rec.prefill(x, x, x)
+    >>> cache.tokens
+    5
+    """
 
     def __init__(self, keys: np.ndarray, values: np.ndarray, keep: np.ndarray, length: int = 0):
         self._k, self._v, self._keep = keys, values, keep  # (B,H,cap,d), (B,H,cap,e), (B,cap) bool
@@ -293,6 +323,27 @@ class RecurrentAttention:
         and softmax.
     eps : float
         Denominator guard, as in the parallel functions.
+
+    Raises
+    ------
+    ValueError
+        ``kind`` cannot be decoded recurrently (Linformer), a parameter is missing or
+        unknown, or ``eps`` is not a finite number > 0.
+
+    Examples
+    --------
+    Token-by-token decoding equals the parallel causal forward:
+
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 12, 8)) for _ in range(3))
+    >>> params = ff.get_attention("flex_n").init(2, 8, rng=0)
+    >>> rec = ff.RecurrentAttention("flex_n", params)
+    >>> out, state = rec.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    >>> tail = [rec.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]) for t in range(8, 12)]
+    >>> full = ff.get_attention("flex_n").forward(q, k, v, params, causal=True)
+    >>> bool(np.allclose(np.concatenate([out] + tail, axis=2), full))
+    True
     """
 
     def __init__(self, kind: str, params: Optional[Params] = None, *, eps: float = lin.DEFAULT_EPS):

@@ -63,6 +63,13 @@ class AttentionKind:
         Decodable token by token (:class:`flexformer.RecurrentAttention`).
     distill : bool
         Can be fitted to softmax attention rows (:mod:`flexformer.distill`).
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> spec = ff.get_attention("linformer")
+    >>> spec.causal, spec.params, spec.layouts
+    (False, ('E', 'F'), ('(H, kp, Nmax) or (kp, Nmax)', '(H, kp, Nmax) or (kp, Nmax)'))
     """
 
     name: str
@@ -310,12 +317,52 @@ _register(AttentionKind(
 
 
 def attention_kinds() -> List[str]:
-    """Names of the registered attention kinds."""
+    """Names of the registered attention kinds.
+
+    Returns
+    -------
+    list of str
+        The names :func:`get_attention` takes, in registration order.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> {"flex_s", "flex_n", "softmax", "linformer"} <= set(ff.attention_kinds())
+    True
+    """
     return sorted(_KINDS)
 
 
 def get_attention(name: str) -> AttentionKind:
-    """The kind called ``name``; ValueError listing the choices for an unknown name."""
+    """The kind called ``name``; ValueError listing the choices for an unknown name.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`attention_kinds`.
+
+    Returns
+    -------
+    AttentionKind
+        The kind's parameters, capabilities and its ``init`` / ``forward`` / ``backward``.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not a registered kind (the message lists them).
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> kind = ff.get_attention("flex_n")
+    >>> kind.params, kind.learnable
+    (('omega1', 'omega2', 'tau'), ('omega1', 'omega2', 'tau'))
+    >>> params = kind.init(2, 8, num_features=16, rng=0)
+    >>> q = np.random.default_rng(0).standard_normal((1, 2, 10, 8))
+    >>> dq, dk, dv, dparams = kind.backward(np.ones_like(q), q, q, q, params, causal=True)
+    >>> sorted(dparams)
+    ['omega1', 'omega2', 'tau']
+    """
     try:
         return _KINDS[name]
     except (KeyError, TypeError):

@@ -49,6 +49,26 @@ def softmax_attention(
     Returns
     -------
     ndarray (B, H, Nq, e)
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> out = ff.softmax_attention(q, k, v, causal=True)
+    >>> bool(np.allclose(out, ff.reference.softmax_attention(q, k, v, causal=True)))
+    True
     """
     _check(causal, scale)
     out = _C.softmax_forward(q, k, v, key_mask=key_mask, causal=bool(causal),
@@ -67,7 +87,40 @@ def softmax_attention_backward(
     key_mask: Optional[np.ndarray] = None,
     scale: Optional[float] = None,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients ``(dq, dk, dv)`` of :func:`softmax_attention` (recomputes the forward)."""
+    """Gradients ``(dq, dk, dv)`` of :func:`softmax_attention` (recomputes the forward).
+
+    Parameters
+    ----------
+    dout : ndarray
+        Gradient of the loss with respect to the output, (B, H, Nq, e).
+    q, k, v, causal, key_mask, scale
+        As in :func:`softmax_attention`.
+
+    Returns
+    -------
+    dq, dk, dv : ndarray
+        Same shapes and dtype as q, k and v.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> dq, dk, dv = ff.softmax_attention_backward(np.ones((1, 2, 16, 8)), q, k, v)
+    >>> bool(np.allclose(dv.sum(axis=2), 16.0))      # every row's weights sum to one
+    True
+    """
     _check(causal, scale)
     res = _C.softmax_backward(dout, q, k, v, key_mask=key_mask, causal=bool(causal),
                               scale=None if scale is None else float(scale))
@@ -108,6 +161,28 @@ def linformer_attention(
     Returns
     -------
     ndarray (B, H, Nq, e)
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> E = ff.init.linformer_projections(4, 16, rng=0)
+    >>> F = ff.init.linformer_projections(4, 16, rng=1)
+    >>> out = ff.linformer_attention(q, k, v, E, F)
+    >>> bool(np.allclose(out, ff.reference.linformer_attention(q, k, v, E, F)))
+    True
     """
     _check(causal, scale)
     out = _C.linformer_forward(q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
@@ -129,7 +204,41 @@ def linformer_attention_backward(
     causal: bool = False,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(dq, dk, dv, dE, dF)`` of :func:`linformer_attention`; dE and dF have
-    the shapes of E and F (columns at or beyond Nk, and of masked keys, are zero)."""
+    the shapes of E and F (columns at or beyond Nk, and of masked keys, are zero).
+
+    Parameters
+    ----------
+    dout : ndarray
+        Gradient of the loss with respect to the output, (B, H, Nq, e).
+    q, k, v, E, F, key_mask, scale
+        As in :func:`linformer_attention`.
+
+    Returns
+    -------
+    dq, dk, dv, dE, dF : ndarray
+        Same shapes and dtype as q, k, v, E and F.
+
+    Raises
+    ------
+    TypeError
+        An array has a dtype other than the call's (float32 or float64, set by the first
+        array argument), or cannot be converted; the message names the argument.
+    ValueError
+        A shape does not fit the others, a parameter is not finite, ``causal=True`` with
+        Nq != Nk, or ``eps`` is not a finite number > 0.
+    FloatingPointError
+        Finite inputs whose result overflows the dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    >>> E = ff.init.linformer_projections(4, 16, rng=0)
+    >>> dq, dk, dv, dE, dF = ff.linformer_attention_backward(np.ones((1, 2, 16, 8)), q, k, v, E, E)
+    >>> dE.shape
+    (4, 16)
+    """
     _check(causal, scale)
     res = _C.linformer_backward(dout, q, k, v, E, F, key_mask=key_mask, causal=bool(causal),
                                 scale=None if scale is None else float(scale))

@@ -1,0 +1,61 @@
+"""The documentation a user reads runs: every public name of the top-level package has a
+numpydoc docstring with an Example, and the Examples and the README's code blocks run and
+print what they say."""
+import doctest
+import inspect
+import os
+import re
+
+import numpy as np
+import pytest
+
+import flexformer as ff
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+PUBLIC = [n for n in ff.__all__ if inspect.isfunction(getattr(ff, n)) or inspect.isclass(getattr(ff, n))]
+
+
+def _takes_arguments(obj) -> bool:
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    try:
+        names = [p for p in inspect.signature(target).parameters if p not in ("self", "cls")]
+    except (TypeError, ValueError):
+        return False
+    return bool(names)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_public_name_has_a_numpydoc_docstring_with_an_example(name):
+    obj = getattr(ff, name)
+    doc = inspect.getdoc(obj) or ""
+    assert "Examples\n--------\n" in doc and ">>> " in doc.split("Examples\n--------\n", 1)[1], \
+        f"{name}: no Examples section"
+    if _takes_arguments(obj) and not (inspect.isclass(obj) and "Attributes\n" in doc):
+        assert "Parameters\n----------\n" in doc, f"{name}: no Parameters section"
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_examples_run(name):
+    obj = getattr(ff, name)
+    finder = doctest.DocTestFinder(recurse=inspect.isclass(obj))
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    tests = [t for t in finder.find(obj, name, globs={}) if t.examples]
+    assert tests
+    try:
+        for t in tests:
+            runner.run(t)
+    finally:
+        ff.set_num_threads(0)
+    assert runner.failures == 0, f"{runner.failures} example(s) of {name} failed (see the output above)"
+
+
+def test_readme_python_blocks_run():
+    text = open(os.path.join(ROOT, "README.md")).read()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    scope = {}
+    exec(compile(blocks[0], "README NumPy block", "exec"), scope)
+    assert scope["out"].shape == (2, 4, 1024, 64) and scope["dtau"].shape == (4,)
+    pytest.importorskip("torch")
+    exec(compile(blocks[1], "README PyTorch block", "exec"), scope)
+    assert scope["q"].grad is not None and scope["params"]["tau"].grad is not None
