@@ -24,7 +24,7 @@ napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+autodoc_typehints = "signature"
 autosummary_generate = False
 # the PyTorch bridge is documented when torch is installed (the docs extra does not need it)
 try:

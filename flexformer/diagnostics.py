@@ -30,7 +30,26 @@ KERNEL_KINDS = tuple(k for k in attention_kinds() if get_attention(k).feature_ma
 
 
 def nominal_scale(kind: str, params: Dict[str, np.ndarray], head_dim: int) -> np.ndarray:
-    """Per-head softmax temperature c (H,) that ``kind`` with ``params`` estimates at its start."""
+    """Per-head softmax temperature c (H,) that ``kind`` with ``params`` estimates at its start.
+
+    Parameters
+    ----------
+    kind : str
+    params : dict of ndarray
+    head_dim : int
+
+    Returns
+    -------
+    ndarray (H,)
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> from flexformer.diagnostics import nominal_scale
+    >>> params = ff.get_attention("flex_n").init(2, 16, rng=0, symmetric=True)
+    >>> bool(np.allclose(nominal_scale("flex_n", params, 16), 1 / 4))
+    True
+    """
     if kind == "flex_n":
         return 2.0 * np.exp(-np.asarray(params["tau"], dtype=np.float64))
     if kind in ("flex_s", "rfa"):
@@ -64,7 +83,33 @@ def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.nd
     only the query rows at positions ``rows`` (all when None).
 
     a_ij = w_ij f(q_i).f(k_j) / max(den_i, eps R_i) with w_ij = exp(s(k_j) - max s) over the
-    keys row i sees, as the C core computes them; rows that see no key are zero."""
+    keys row i sees, as the C core computes them; rows that see no key are zero.
+
+    Parameters
+    ----------
+    kind : str
+        A feature-map kind (:data:`KERNEL_KINDS`).
+    q, k : ndarray (B, H, N, d)
+    params : dict of ndarray
+    causal, key_mask, eps
+        As in the attention functions.
+    rows : ndarray of int, optional
+        Query positions.
+
+    Returns
+    -------
+    ndarray (B, H, len(rows), Nk), float64
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> from flexformer.diagnostics import kernel_rows
+    >>> x = 0.5 * np.random.default_rng(0).standard_normal((1, 2, 6, 4))
+    >>> params = ff.get_attention("flex_s").init(2, 4, num_features=8, rng=0)
+    >>> a = kernel_rows("flex_s", x, x, params, causal=True)
+    >>> bool(np.allclose(a @ x, ff.flex_s_attention(x, x, x, params["omega"], causal=True)))
+    True
+    """
     rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
     q64, k64 = np.asarray(q, np.float64)[:, :, rows], np.asarray(k, np.float64)
     p64 = {n: np.asarray(v, np.float64) for n, v in params.items()}
@@ -81,7 +126,29 @@ def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.nd
 def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
                  key_mask: Optional[np.ndarray] = None, rows: Optional[np.ndarray] = None) -> np.ndarray:
     """Exact softmax rows (B, H, Nq, Nk) at per-head temperature ``scale`` (H,) or a scalar;
-    only the query rows at positions ``rows`` (all when None)."""
+    only the query rows at positions ``rows`` (all when None).
+
+    Parameters
+    ----------
+    q, k : ndarray (B, H, N, d)
+    scale : float or ndarray (H,)
+    causal, key_mask
+        As in :func:`flexformer.softmax_attention`.
+    rows : ndarray of int, optional
+
+    Returns
+    -------
+    ndarray (B, H, len(rows), Nk)
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> from flexformer.diagnostics import softmax_rows
+    >>> x = np.random.default_rng(0).standard_normal((1, 2, 5, 4))
+    >>> a = softmax_rows(x, x, 0.5, causal=True)
+    >>> bool(np.allclose(a @ x, ff.softmax_attention(x, x, x, causal=True)))
+    True
+    """
     rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
     c = np.broadcast_to(np.asarray(scale, np.float64), (q.shape[1],))[None, :, None, None]
     z = np.einsum("bhid,bhjd->bhij", np.asarray(q, np.float64)[:, :, rows], np.asarray(k, np.float64)) * c
@@ -91,7 +158,25 @@ def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
 
 
 def parameter_summary(kind: str, params: Dict[str, np.ndarray]) -> Dict[str, List[float]]:
-    """Per-head frequency norms, tau and flex_n's pair separation (empty for other kinds)."""
+    """Per-head frequency norms, tau and flex_n's pair separation (empty for other kinds).
+
+    Parameters
+    ----------
+    kind : str
+    params : dict of ndarray
+
+    Returns
+    -------
+    dict of str to list of float
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> from flexformer.diagnostics import parameter_summary
+    >>> summary = parameter_summary("flex_n", ff.get_attention("flex_n").init(2, 8, rng=0))
+    >>> len(summary["tau"])
+    2
+    """
     out: Dict[str, List[float]] = {}
     if kind in ("flex_s", "rfa", "performer"):
         w = np.asarray(params["omega"], np.float64)
@@ -107,7 +192,22 @@ def parameter_summary(kind: str, params: Dict[str, np.ndarray]) -> Dict[str, Lis
 
 
 def sample_rows(n: int, count: int) -> np.ndarray:
-    """``count`` evenly spaced row indices in 0..n-1 (all rows when n <= count)."""
+    """``count`` evenly spaced row indices in 0..n-1 (all rows when n <= count).
+
+    Parameters
+    ----------
+    n, count : int
+
+    Returns
+    -------
+    ndarray of int
+
+    Examples
+    --------
+    >>> from flexformer.diagnostics import sample_rows
+    >>> sample_rows(10, 3)
+    array([0, 4, 9])
+    """
     if n <= count:
         return np.arange(n)
     return np.unique(np.linspace(0, n - 1, count).round().astype(int))
@@ -140,6 +240,16 @@ def layer_diagnostics(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str,
     -------
     dict with per-head lists: ``guard_fraction`` (when guard_count is given),
     ``kernel_tv`` and ``softmax_scale`` (kernel kinds) and :func:`parameter_summary`.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> from flexformer.diagnostics import layer_diagnostics
+    >>> x = 0.5 * np.random.default_rng(0).standard_normal((1, 2, 16, 4))
+    >>> params = ff.get_attention("flex_n").init(2, 4, num_features=8, rng=0)
+    >>> report = layer_diagnostics("flex_n", x, x, params, causal=True)
+    >>> len(report["kernel_tv"])
+    2
     """
     B, H, N, d = q.shape
     out: dict = {}
@@ -161,3 +271,5 @@ def layer_diagnostics(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str,
         out["softmax_scale"] = np.asarray(c, np.float64).tolist()
     out.update(parameter_summary(kind, params))
     return out
+
+__all__ = ["KERNEL_KINDS", "kernel_rows", "layer_diagnostics", "nominal_scale", "parameter_summary", "sample_rows", "softmax_rows"]

@@ -52,7 +52,28 @@ DEFAULT_MATCH_TAU = False
 
 
 def as_generator(rng: RngLike) -> np.random.Generator:
-    """A numpy Generator from None (fresh entropy), an int seed or a Generator."""
+    """A numpy Generator from None (fresh entropy), an int seed or a Generator.
+
+    Parameters
+    ----------
+    rng : None, int or numpy.random.Generator
+
+    Returns
+    -------
+    numpy.random.Generator
+        ``rng`` itself when it is a Generator.
+
+    Raises
+    ------
+    TypeError
+        ``rng`` is none of those.
+
+    Examples
+    --------
+    >>> from flexformer.init import as_generator
+    >>> float(as_generator(0).random()) == float(as_generator(0).random())
+    True
+    """
     if isinstance(rng, np.random.Generator):
         return rng
     if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
@@ -67,7 +88,27 @@ def _check_sizes(**sizes: int) -> None:
 
 
 def check_scale(scale) -> float:
-    """``scale`` as a float; ValueError unless it is a finite number > 0."""
+    """``scale`` as a float; ValueError unless it is a finite number > 0.
+
+    Parameters
+    ----------
+    scale : real number
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        ``scale`` is not finite or not > 0.
+
+    Examples
+    --------
+    >>> from flexformer.init import check_scale
+    >>> check_scale(1)
+    1.0
+    """
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
             or not np.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale (the kernel's initial bandwidth) must be a finite number > 0, got {scale!r}")
@@ -75,7 +116,27 @@ def check_scale(scale) -> float:
 
 
 def check_spread(spread) -> float:
-    """``spread`` as a float; ValueError unless it lies in [0, 1]."""
+    """``spread`` as a float; ValueError unless it lies in [0, 1].
+
+    Parameters
+    ----------
+    spread : real number
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        ``spread`` is outside [0, 1].
+
+    Examples
+    --------
+    >>> from flexformer.init import check_spread
+    >>> check_spread(0.5)
+    0.5
+    """
     if isinstance(spread, bool) or not isinstance(spread, (int, float, np.integer, np.floating)) \
             or not np.isfinite(spread) or not 0 <= spread <= 1:
         raise ValueError(f"spread (between omega1 and omega2) must be a number in [0, 1], got {spread!r}")
@@ -116,6 +177,19 @@ def gaussian_frequencies(
     Returns
     -------
     ndarray of shape (num_heads, num_features, head_dim)
+
+    Raises
+    ------
+    ValueError
+        A size is < 1 or ``scale`` is not a finite number > 0.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> W = ff.init.gaussian_frequencies(1, 4, 8, rng=0, orthogonal=True)
+    >>> bool(np.allclose((W[0] / np.linalg.norm(W[0], axis=1, keepdims=True)) @
+    ...                  (W[0] / np.linalg.norm(W[0], axis=1, keepdims=True)).T, np.eye(4)))
+    True
     """
     _check_sizes(num_heads=num_heads, num_features=num_features, head_dim=head_dim)
     dt = _check_dtype(dtype)
@@ -148,7 +222,36 @@ def flex_s_omega(
 ) -> np.ndarray:
     """Initial ``omega`` (H, m, d) for :func:`flexformer.flex_s_attention`: rows
     ~ N(0, scale^2 I / sqrt d). ``scale=1.0`` is the unbiased estimate of
-    exp(q.k / sqrt d); see the module notes for what a smaller scale starts from."""
+    exp(q.k / sqrt d); see the module notes for what a smaller scale starts from.
+
+    Parameters
+    ----------
+    num_heads, num_features, head_dim : int
+        H, m and d; each >= 1.
+    rng : None, int or numpy.random.Generator, optional
+        Seed or generator.
+    orthogonal : bool, optional
+        Orthogonal random features instead of i.i.d. rows.
+    scale : float, optional
+        Bandwidth scale s > 0 (default :data:`DEFAULT_SCALE`).
+    dtype : float32 or float64, optional
+
+    Returns
+    -------
+    ndarray of shape (H, m, d)
+
+    Raises
+    ------
+    ValueError
+        A size is < 1 or ``scale`` is not a finite number > 0.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> omega = ff.init.flex_s_omega(2, 64, 16, rng=0, scale=1.0)
+    >>> omega.shape
+    (2, 64, 16)
+    """
     return gaussian_frequencies(num_heads, num_features, head_dim, rng=rng, orthogonal=orthogonal, scale=scale,
                                 dtype=dtype)
 
@@ -195,6 +298,22 @@ def flex_n_params(
     -------
     omega1, omega2 : ndarray (H, m, d)
     tau : ndarray (H,)
+
+    Raises
+    ------
+    ValueError
+        A size is < 1, or ``scale`` or ``spread`` is out of range.
+    TypeError
+        ``dtype`` is not float32 or float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> omega1, omega2, tau = ff.init.flex_n_params(4, 16, 8, rng=0, dtype=np.float32)
+    >>> omega1.shape, tau.shape, tau.dtype
+    ((4, 16, 8), (4,), dtype('float32'))
+    >>> bool(np.allclose(tau, np.log(2 * np.sqrt(8))))
+    True
     """
     if symmetric:
         scale, spread, match_tau = 1.0, 0.0, True
@@ -239,6 +358,24 @@ def flex_n_expected_kernel(
     Returns
     -------
     ndarray (..., Nq, Nk), float64
+
+    Raises
+    ------
+    ValueError
+        ``scale`` or ``spread`` is out of range, or the shapes of q and k disagree.
+
+    Examples
+    --------
+    The average of many random starts approaches the expected kernel:
+
+    >>> import numpy as np, flexformer as ff
+    >>> x = 0.3 * np.random.default_rng(0).standard_normal((1, 4, 8))
+    >>> want = ff.init.flex_n_expected_kernel(x, x)
+    >>> o1, o2, tau = ff.init.flex_n_params(1, 20000, 8, rng=1)
+    >>> phi = ff.reference.flex_n_phi(x[None], o1, o2, tau)[0]
+    >>> got = phi @ phi.transpose(0, 2, 1)
+    >>> bool(np.allclose(got, want, rtol=0.05))
+    True
     """
     scale, spread = check_scale(scale), check_spread(spread)
     q, k = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
@@ -264,14 +401,60 @@ def performer_omega(
 ) -> np.ndarray:
     """Fixed FAVOR+ frequencies (H, m, d) with rows ~ N(0, I) (the features rescale x
     by d^(-1/4) themselves). Orthogonal by default, as in the Performer paper; call
-    again with a new seed to redraw (see :func:`redraw`)."""
+    again with a new seed to redraw (see :func:`redraw`).
+
+    Parameters
+    ----------
+    num_heads, num_features, head_dim : int
+        H, m and d; each >= 1.
+    rng : None, int or numpy.random.Generator, optional
+    orthogonal : bool, optional
+        Orthogonal blocks of rows (default True).
+    dtype : float32 or float64, optional
+
+    Returns
+    -------
+    ndarray of shape (H, m, d)
+
+    Raises
+    ------
+    ValueError
+        A size is < 1.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> ff.init.performer_omega(2, 32, 16, rng=0).shape
+    (2, 32, 16)
+    """
     w = gaussian_frequencies(num_heads, num_features, head_dim, rng=rng, orthogonal=orthogonal)
     return (w * head_dim ** 0.25).astype(_check_dtype(dtype))
 
 
 def redraw(omega: np.ndarray, *, rng: RngLike = None, orthogonal: bool = True) -> np.ndarray:
     """New Performer frequencies of the same shape and dtype as ``omega`` (the periodic
-    feature redraw of FAVOR+); ``omega`` itself is left unchanged."""
+    feature redraw of FAVOR+); ``omega`` itself is left unchanged.
+
+    Parameters
+    ----------
+    omega : ndarray (H, m, d)
+        The frequencies to replace.
+    rng : None, int or numpy.random.Generator, optional
+    orthogonal : bool, optional
+
+    Returns
+    -------
+    ndarray
+        New frequencies, same shape and dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> omega = ff.init.performer_omega(2, 32, 16, rng=0)
+    >>> fresh = ff.init.redraw(omega, rng=1)
+    >>> fresh.shape == omega.shape and not np.array_equal(fresh, omega)
+    True
+    """
     omega = np.asarray(omega)
     if omega.ndim != 3:
         raise ValueError(f"omega must have shape (H, m, d), got {omega.shape}")
@@ -287,7 +470,33 @@ def hedgehog_weights(
     dtype=np.float64,
 ) -> np.ndarray:
     """Hedgehog feature-map weights W (H, d, m): the identity when m = d (the default),
-    otherwise N(0, 1/d) entries."""
+    otherwise N(0, 1/d) entries.
+
+    Parameters
+    ----------
+    num_heads, head_dim : int
+        H and d.
+    num_features : int, optional
+        m (default d).
+    rng : None, int or numpy.random.Generator, optional
+    dtype : float32 or float64, optional
+
+    Returns
+    -------
+    ndarray of shape (H, d, m)
+
+    Raises
+    ------
+    ValueError
+        A size is < 1.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> W = ff.init.hedgehog_weights(2, 8)
+    >>> bool((W == np.eye(8)).all())
+    True
+    """
     m = head_dim if num_features is None else num_features
     _check_sizes(num_heads=num_heads, head_dim=head_dim, num_features=m)
     dt = _check_dtype(dtype)
@@ -308,7 +517,34 @@ def linformer_projections(
 ) -> np.ndarray:
     """A Linformer projection (kp, Nmax), or (H, kp, Nmax) per head when ``num_heads`` is
     given, with N(0, 1/kp) entries. Draw E and F separately (or reuse one array for
-    key-value sharing)."""
+    key-value sharing).
+
+    Parameters
+    ----------
+    proj_len : int
+        kp, the projected length.
+    max_len : int
+        Nmax, the longest sequence the projection takes.
+    num_heads : int, optional
+        H for one projection per head.
+    rng : None, int or numpy.random.Generator, optional
+    dtype : float32 or float64, optional
+
+    Returns
+    -------
+    ndarray of shape (kp, Nmax) or (H, kp, Nmax)
+
+    Raises
+    ------
+    ValueError
+        A size is < 1.
+
+    Examples
+    --------
+    >>> import flexformer as ff
+    >>> ff.init.linformer_projections(64, 1024, 8, rng=0).shape
+    (8, 64, 1024)
+    """
     _check_sizes(proj_len=proj_len, max_len=max_len)
     shape = (proj_len, max_len)
     if num_heads is not None:
@@ -316,3 +552,5 @@ def linformer_projections(
         shape = (num_heads,) + shape
     dt = _check_dtype(dtype)
     return (as_generator(rng).standard_normal(shape) / np.sqrt(proj_len)).astype(dt)
+
+__all__ = ["DEFAULT_SCALE", "DEFAULT_SPREAD", "DEFAULT_MATCH_TAU", "as_generator", "check_scale", "check_spread", "flex_n_expected_kernel", "flex_n_params", "flex_s_omega", "gaussian_frequencies", "hedgehog_weights", "linformer_projections", "performer_omega", "redraw"]

@@ -517,3 +517,5 @@ class RecurrentAttention:
         den = w.sum(-1, keepdims=True)
         out = np.matmul(w, state.values) / np.where(den > 0, den, 1)
         return out.astype(q.dtype, copy=False)
+
+__all__ = ["RECURRENT_KINDS", "KVCacheState", "LinearAttentionState", "RecurrentAttention"]

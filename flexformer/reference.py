@@ -13,7 +13,27 @@ import numpy as np
 
 
 def flex_s_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
-    """phi(x) = exp(|x|^2 / (2 sqrt d)) m^-1/2 [cos(W x), sin(W x)]: (B, H, N, 2m)."""
+    """phi(x) = exp(|x|^2 / (2 sqrt d)) m^-1/2 [cos(W x), sin(W x)]: (B, H, N, 2m).
+
+    Parameters
+    ----------
+    x : ndarray (B, H, N, d)
+    omega : ndarray (H, m, d)
+
+    Returns
+    -------
+    ndarray
+        (B, H, N, 2m)
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> x = 0.5 * np.random.default_rng(0).standard_normal((1, 2, 8, 4))
+    >>> omega = ff.init.flex_s_omega(2, 16, 4, rng=0)
+    >>> phi = ff.reference.flex_s_phi(x, omega)
+    >>> phi.shape
+    (1, 2, 8, 32)
+    """
     x = np.asarray(x, dtype=np.float64)
     omega = np.asarray(omega, dtype=np.float64)
     d, m = x.shape[-1], omega.shape[1]
@@ -23,7 +43,28 @@ def flex_s_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
 
 
 def flex_n_phi(x: np.ndarray, omega1: np.ndarray, omega2: np.ndarray, tau: np.ndarray) -> np.ndarray:
-    """phi(x) = exp(|x|^2 / exp(tau)) (4m)^-1/2 [cos(Ax) + cos(Bx), sin(Ax) + sin(Bx)]."""
+    """phi(x) = exp(|x|^2 / exp(tau)) (4m)^-1/2 [cos(Ax) + cos(Bx), sin(Ax) + sin(Bx)].
+
+    Parameters
+    ----------
+    x : ndarray (B, H, N, d)
+    omega1, omega2 : ndarray (H, m, d)
+    tau : ndarray (H,)
+
+    Returns
+    -------
+    ndarray
+        (B, H, N, 2m)
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> x = 0.5 * np.random.default_rng(0).standard_normal((1, 2, 8, 4))
+    >>> o1, o2, tau = ff.init.flex_n_params(2, 16, 4, rng=0)
+    >>> phi = ff.reference.flex_n_phi(x, o1, o2, tau)
+    >>> phi.shape
+    (1, 2, 8, 32)
+    """
     x = np.asarray(x, dtype=np.float64)
     m = omega1.shape[1]
     pa = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega1, dtype=np.float64))
@@ -34,7 +75,27 @@ def flex_n_phi(x: np.ndarray, omega1: np.ndarray, omega2: np.ndarray, tau: np.nd
 
 
 def visible_pairs(shape, *, causal: bool = False, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
-    """Bool (B, H, Nq, Nk): which keys each query row attends to."""
+    """Bool (B, H, Nq, Nk): which keys each query row attends to.
+
+    Parameters
+    ----------
+    shape : tuple
+        (B, H, Nq, Nk).
+    causal : bool, optional
+    key_mask : ndarray of bool (B, Nk), optional
+
+    Returns
+    -------
+    ndarray of bool (B, H, Nq, Nk)
+
+    Examples
+    --------
+    >>> from flexformer.reference import visible_pairs
+    >>> visible_pairs((1, 1, 3, 3), causal=True)[0, 0].astype(int)
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [1, 1, 1]])
+    """
     Nq, Nk = shape[-2:]
     visible = np.ones(shape, dtype=bool)
     if key_mask is not None:
@@ -60,6 +121,31 @@ def kernel_attention(
     K = phi_q phi_k^T (B, H, Nq, Nk); den_i = sum_j K_ij over visible keys; the guard
     compares den_i with eps * sum_j bound_q_i bound_k_j, where bound = exp(s(x)) bounds
     |phi(x)| (|f| <= 1). Returns (out, guarded) with guarded a bool (B, H, Nq).
+
+    Parameters
+    ----------
+    phi_q, phi_k : ndarray
+        Features (B, H, Nq, F) and (B, H, Nk, F).
+    v : ndarray (B, H, Nk, e)
+    bound_q, bound_k : ndarray
+        (B, H, Nq) and (B, H, Nk): bounds on the features' norms.
+    causal, key_mask, eps
+        As in :func:`flexformer.flex_s_attention`.
+
+    Returns
+    -------
+    out : ndarray (B, H, Nq, e)
+    guarded : ndarray of bool (B, H, Nq)
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> pq, pk, v = (np.abs(rng.standard_normal((1, 1, 5, 3))) for _ in range(3))
+    >>> out, guarded = ff.reference.kernel_attention(pq, pk, v, np.linalg.norm(pq, axis=-1),
+    ...                                              np.linalg.norm(pk, axis=-1))
+    >>> bool(np.allclose(out, ff.linear_attention(pq, pk, v))), bool(guarded.any())
+    (True, False)
     """
     v = np.asarray(v, dtype=np.float64)
     K = np.einsum("bhif,bhjf->bhij", phi_q, phi_k)
@@ -82,7 +168,27 @@ def _bound(x: np.ndarray, coef) -> np.ndarray:
 
 
 def flex_s_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4):
-    """Quadratic-form twin of :func:`flexformer.flex_s_attention` (float64 result)."""
+    """Quadratic-form twin of :func:`flexformer.flex_s_attention` (float64 result).
+
+    Parameters
+    ----------
+    q, k, v, omega, causal, key_mask, eps
+        As in :func:`flexformer.flex_s_attention`.
+
+    Returns
+    -------
+    ndarray
+        (B, H, Nq, e), float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    >>> omega = ff.init.flex_s_omega(2, 16, 4, rng=0)
+    >>> bool(np.allclose(ff.reference.flex_s_attention(q, k, v, omega, causal=True), ff.flex_s_attention(q, k, v, omega, causal=True)))
+    True
+    """
     coef = 1.0 / (2.0 * np.sqrt(q.shape[-1]))
     out, _ = kernel_attention(
         flex_s_phi(q, omega), flex_s_phi(k, omega), v, _bound(q, coef), _bound(k, coef),
@@ -92,7 +198,27 @@ def flex_s_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4):
 
 
 def flex_n_attention(q, k, v, omega1, omega2, tau, *, causal=False, key_mask=None, eps=1e-4):
-    """Quadratic-form twin of :func:`flexformer.flex_n_attention` (float64 result)."""
+    """Quadratic-form twin of :func:`flexformer.flex_n_attention` (float64 result).
+
+    Parameters
+    ----------
+    q, k, v, omega1, omega2, tau, causal, key_mask, eps
+        As in :func:`flexformer.flex_n_attention`.
+
+    Returns
+    -------
+    ndarray
+        (B, H, Nq, e), float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    >>> o1, o2, tau = ff.init.flex_n_params(2, 16, 4, rng=0)
+    >>> bool(np.allclose(ff.reference.flex_n_attention(q, k, v, o1, o2, tau, causal=True), ff.flex_n_attention(q, k, v, o1, o2, tau, causal=True)))
+    True
+    """
     coef = np.exp(-np.asarray(tau, dtype=np.float64))[None, :, None]
     out, _ = kernel_attention(
         flex_n_phi(q, omega1, omega2, tau), flex_n_phi(k, omega1, omega2, tau), v,
@@ -102,7 +228,26 @@ def flex_n_attention(q, k, v, omega1, omega2, tau, *, causal=False, key_mask=Non
 
 
 def softmax_attention(q, k, v, *, causal=False, key_mask=None, scale=None):
-    """Exact softmax attention softmax(q k^T * scale) v, scale = 1/sqrt(d) by default."""
+    """Exact softmax attention softmax(q k^T * scale) v, scale = 1/sqrt(d) by default.
+
+    Parameters
+    ----------
+    q, k, v, causal, key_mask, scale
+        As in :func:`flexformer.softmax_attention`.
+
+    Returns
+    -------
+    ndarray
+        (B, H, Nq, e), float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    >>> bool(np.allclose(ff.reference.softmax_attention(q, k, v, causal=True), ff.softmax_attention(q, k, v, causal=True)))
+    True
+    """
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
@@ -118,14 +263,54 @@ def softmax_attention(q, k, v, *, causal=False, key_mask=None, scale=None):
 
 
 def performer_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
-    """FAVOR+ features exp(w.x' - |x'|^2 / 2) / sqrt(m), x' = x / d^(1/4): (B, H, N, m)."""
+    """FAVOR+ features exp(w.x' - |x'|^2 / 2) / sqrt(m), x' = x / d^(1/4): (B, H, N, m).
+
+    Parameters
+    ----------
+    x : ndarray (B, H, N, d)
+    omega : ndarray (H, m, d)
+
+    Returns
+    -------
+    ndarray
+        (B, H, N, m), positive
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> x = 0.5 * np.random.default_rng(0).standard_normal((1, 2, 8, 4))
+    >>> omega = ff.init.performer_omega(2, 16, 4, rng=0)
+    >>> phi = ff.reference.performer_phi(x, omega)
+    >>> phi.shape
+    (1, 2, 8, 16)
+    """
     x = np.asarray(x, dtype=np.float64) * x.shape[-1] ** -0.25
     proj = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega, dtype=np.float64))
     return np.exp(proj - 0.5 * (x * x).sum(-1, keepdims=True)) / np.sqrt(omega.shape[1])
 
 
 def hedgehog_phi(x: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """Hedgehog features softmax([x W, -x W]) over 2m entries: (B, H, N, 2m)."""
+    """Hedgehog features softmax([x W, -x W]) over 2m entries: (B, H, N, 2m).
+
+    Parameters
+    ----------
+    x : ndarray (B, H, N, d)
+    W : ndarray (H, d, m)
+
+    Returns
+    -------
+    ndarray
+        (B, H, N, 2m), each row summing to one
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> x = 0.5 * np.random.default_rng(0).standard_normal((1, 2, 8, 4))
+    >>> W = ff.init.hedgehog_weights(2, 4, rng=0)
+    >>> phi = ff.reference.hedgehog_phi(x, W)
+    >>> phi.shape
+    (1, 2, 8, 8)
+    """
     proj = np.einsum("bhnd,hdm->bhnm", np.asarray(x, dtype=np.float64), np.asarray(W, dtype=np.float64))
     z = np.concatenate([proj, -proj], axis=-1)
     z = np.exp(z - z.max(-1, keepdims=True))
@@ -133,7 +318,26 @@ def hedgehog_phi(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 def linear_attention(phi_q, phi_k, v, *, causal=False, key_mask=None, eps=1e-4):
-    """Quadratic-form twin of :func:`flexformer.linear_attention` (user features)."""
+    """Quadratic-form twin of :func:`flexformer.linear_attention` (user features).
+
+    Parameters
+    ----------
+    phi_q, phi_k, v, causal, key_mask, eps
+        As in :func:`flexformer.linear_attention`.
+
+    Returns
+    -------
+    ndarray
+        (B, H, Nq, e), float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    >>> bool(np.allclose(ff.reference.linear_attention(np.exp(q), np.exp(k), v), ff.linear_attention(np.exp(q), np.exp(k), v)))
+    True
+    """
     phi_q = np.asarray(phi_q, dtype=np.float64)
     phi_k = np.asarray(phi_k, dtype=np.float64)
     out, _ = kernel_attention(phi_q, phi_k, v, np.linalg.norm(phi_q, axis=-1),
@@ -142,7 +346,27 @@ def linear_attention(phi_q, phi_k, v, *, causal=False, key_mask=None, eps=1e-4):
 
 
 def performer_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4):
-    """Quadratic-form twin of :func:`flexformer.performer_attention`."""
+    """Quadratic-form twin of :func:`flexformer.performer_attention`.
+
+    Parameters
+    ----------
+    q, k, v, omega, causal, key_mask, eps
+        As in :func:`flexformer.performer_attention`.
+
+    Returns
+    -------
+    ndarray
+        (B, H, Nq, e), float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    >>> omega = ff.init.performer_omega(2, 16, 4, rng=0)
+    >>> bool(np.allclose(ff.reference.performer_attention(q, k, v, omega, causal=True), ff.performer_attention(q, k, v, omega, causal=True)))
+    True
+    """
     x = np.asarray(q, dtype=np.float64) * q.shape[-1] ** -0.25
     y = np.asarray(k, dtype=np.float64) * k.shape[-1] ** -0.25
     # exp(-|x'|^2/2 + max_i w_i.x') bounds |phi(x)| (every entry is at most that / sqrt(m))
@@ -154,7 +378,27 @@ def performer_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4
 
 
 def hedgehog_attention(q, k, v, W, *, causal=False, key_mask=None, eps=1e-4):
-    """Quadratic-form twin of :func:`flexformer.hedgehog_attention` (|phi| <= 1)."""
+    """Quadratic-form twin of :func:`flexformer.hedgehog_attention` (|phi| <= 1).
+
+    Parameters
+    ----------
+    q, k, v, W, causal, key_mask, eps
+        As in :func:`flexformer.hedgehog_attention`.
+
+    Returns
+    -------
+    ndarray
+        (B, H, Nq, e), float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    >>> W = ff.init.hedgehog_weights(2, 4, rng=0)
+    >>> bool(np.allclose(ff.reference.hedgehog_attention(q, k, v, W), ff.hedgehog_attention(q, k, v, W)))
+    True
+    """
     ones_q = np.ones(q.shape[:-1])
     ones_k = np.ones(k.shape[:-1])
     out, _ = kernel_attention(hedgehog_phi(q, W), hedgehog_phi(k, W), v, ones_q, ones_k,
@@ -163,7 +407,27 @@ def hedgehog_attention(q, k, v, W, *, causal=False, key_mask=None, eps=1e-4):
 
 
 def linformer_attention(q, k, v, E, F, *, key_mask=None, scale=None):
-    """Twin of :func:`flexformer.linformer_attention`: project, then exact softmax."""
+    """Twin of :func:`flexformer.linformer_attention`: project, then exact softmax.
+
+    Parameters
+    ----------
+    q, k, v, E, F, key_mask, scale
+        As in :func:`flexformer.linformer_attention`.
+
+    Returns
+    -------
+    ndarray
+        (B, H, Nq, e), float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    >>> E = ff.init.linformer_projections(3, 8, rng=0)
+    >>> bool(np.allclose(ff.reference.linformer_attention(q, k, v, E, E), ff.linformer_attention(q, k, v, E, E)))
+    True
+    """
     k = np.asarray(k, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
     Nk = k.shape[2]
@@ -176,3 +440,5 @@ def linformer_attention(q, k, v, E, F, *, key_mask=None, scale=None):
     spec = "pn,bhnx->bhpx" if E.ndim == 2 else "hpn,bhnx->bhpx"
     return softmax_attention(q, np.einsum(spec, E, k), np.einsum(spec, F, v),
                              scale=1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
+
+__all__ = ["flex_n_attention", "flex_n_phi", "flex_s_attention", "flex_s_phi", "hedgehog_attention", "hedgehog_phi", "kernel_attention", "linear_attention", "linformer_attention", "performer_attention", "performer_phi", "softmax_attention", "visible_pairs"]

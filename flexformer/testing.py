@@ -20,6 +20,27 @@ def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1
     """Central finite differences of ``loss()`` with respect to the array ``x``.
 
     ``x`` is perturbed in place one element at a time and restored exactly.
+
+    Parameters
+    ----------
+    loss : callable
+        Returns the scalar loss; reads ``x``.
+    x : ndarray
+        float64, perturbed in place and restored.
+    step : float, optional
+
+    Returns
+    -------
+    ndarray
+        Same shape as ``x``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.testing import numerical_gradient
+    >>> x = np.array([1.0, 2.0])
+    >>> np.round(numerical_gradient(lambda: float((x ** 2).sum()), x), 6)
+    array([2., 4.])
     """
     grad = np.zeros_like(x, dtype=np.float64)
     flat, gflat = x.reshape(-1), grad.reshape(-1)
@@ -82,6 +103,24 @@ def gradcheck(
     -------
     dict
         name -> relative error max|numeric - analytic| / max|numeric| for each input.
+
+    Raises
+    ------
+    AssertionError
+        A gradient is off (with ``raise_on_failure``).
+    TypeError
+        An input is not float64.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (0.5 * rng.standard_normal((1, 2, 6, 4)) for _ in range(3))
+    >>> omega = ff.init.flex_s_omega(2, 8, 4, rng=0)
+    >>> errors = ff.testing.gradcheck(ff.flex_s_attention, ff.flex_s_attention_backward, [q, k, v, omega],
+    ...                               names=["q", "k", "v", "omega"], kwargs={"causal": True})
+    >>> max(errors.values()) < 1e-6
+    True
     """
     kwargs = dict(kwargs or {})
     xs = [np.array(x, dtype=np.float64, copy=True, order="C") for x in inputs]
@@ -142,6 +181,40 @@ def check_model_gradients(
     the error is measured against the gradient's norm (the largest value grad . u can
     take), since a random direction can make grad . u itself arbitrarily small.
     Returns name -> |numeric - analytic| / max(|grad|, |numeric|).
+
+    Parameters
+    ----------
+    loss_and_backward : callable
+        Zeroes the gradients, runs forward and backward, returns the loss.
+    named_parameters : sequence of (str, Parameter)
+        ``model.named_parameters()``.
+    rng : None, int or numpy.random.Generator, optional
+        The directions' seed.
+    step, rtol, atol : float, optional
+        Finite-difference step and tolerances.
+    raise_on_failure : bool, optional
+        Raise ``AssertionError`` on a failure (default) or only report.
+
+    Returns
+    -------
+    dict
+        Parameter name -> relative error.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import Linear
+    >>> from flexformer.testing import check_model_gradients
+    >>> layer = Linear(4, 3, np.random.default_rng(0), dtype=np.float64)
+    >>> x = np.random.default_rng(1).standard_normal((5, 4))
+    >>> def loss_and_backward():
+    ...     layer.zero_grad()
+    ...     y = layer.forward(x)
+    ...     layer.backward(2 * y)
+    ...     return float((y ** 2).sum())
+    >>> errors = check_model_gradients(loss_and_backward, layer.named_parameters())
+    >>> sorted(errors)
+    ['W', 'b']
     """
     gen = as_generator(rng)
     loss_and_backward()
@@ -177,7 +250,41 @@ def check_model_gradients(
 def check_cross_entropy_gradients(model, inputs: Sequence, targets: np.ndarray, **kwargs) -> Dict[str, float]:
     """:func:`check_model_gradients` of the cross-entropy loss of ``model.forward(*inputs)``
     against ``targets`` (class labels, or next tokens for a language model); ``kwargs`` go
-    to :func:`check_model_gradients`."""
+    to :func:`check_model_gradients`.
+
+    Parameters
+    ----------
+    model : flexformer.nn model
+        ``EncoderClassifier``, ``TwoTowerClassifier`` or ``CausalLM`` in float64.
+    inputs : sequence
+        The arguments of ``model.forward``.
+    targets : ndarray of int
+        Class labels (B,) or next tokens (B, N).
+    **kwargs
+        ``rng``, ``step``, ``rtol``, ``atol``, ``raise_on_failure``.
+
+    Returns
+    -------
+    dict
+        Parameter name -> relative error.
+
+    Raises
+    ------
+    AssertionError
+        A parameter's gradient is off (with ``raise_on_failure``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import EncoderClassifier
+    >>> from flexformer.testing import check_cross_entropy_gradients
+    >>> model = EncoderClassifier(vocab=5, num_classes=3, dim=8, depth=1, heads=2, max_len=6,
+    ...                           attention="flex_n", rng=0, dtype=np.float64)
+    >>> ids = np.random.default_rng(0).integers(0, 5, (2, 6))
+    >>> errors = check_cross_entropy_gradients(model, (ids, np.ones((2, 6), bool)), np.array([0, 2]))
+    >>> max(errors.values()) < 1e-5
+    True
+    """
     from .nn import cross_entropy
 
     def loss_and_backward():
@@ -187,3 +294,5 @@ def check_cross_entropy_gradients(model, inputs: Sequence, targets: np.ndarray, 
         return loss
 
     return check_model_gradients(loss_and_backward, model.named_parameters(), **kwargs)
+
+__all__ = ["check_cross_entropy_gradients", "check_model_gradients", "gradcheck", "numerical_gradient"]

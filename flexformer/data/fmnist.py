@@ -51,7 +51,32 @@ def load(folder: str = DEFAULT_DIR, split: str = "train") -> Tuple[np.ndarray, n
 
 
 class FashionMNIST:
-    """Batches of pixel sequences: ids (B, 784), mask, labels."""
+    """Batches of pixel sequences: ids (B, 784), mask, labels.
+
+    Parameters
+    ----------
+    folder : str, optional
+        The folder of the four IDX files (Debian's ``dataset-fashion-mnist`` by default).
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder or a file is missing (the message says how to get them).
+
+    Examples
+    --------
+    >>> import os, struct, tempfile, numpy as np
+    >>> from flexformer.data import FashionMNIST
+    >>> folder = tempfile.mkdtemp()
+    >>> for split in ("train", "t10k"):
+    ...     with open(os.path.join(folder, f"{split}-images-idx3-ubyte"), "wb") as fh:
+    ...         _ = fh.write(struct.pack(">HBBIII", 0, 8, 3, 2, 28, 28) + bytes(2 * 784))
+    ...     with open(os.path.join(folder, f"{split}-labels-idx1-ubyte"), "wb") as fh:
+    ...         _ = fh.write(struct.pack(">HBBI", 0, 8, 1, 2) + bytes([3, 7]))
+    >>> ids, mask, labels = FashionMNIST(folder).batch(np.random.default_rng(0), 5)
+    >>> ids.shape, set(labels.tolist()) <= {3, 7}
+    ((5, 784), True)
+    """
 
     num_classes = 10
     vocab_size = 256

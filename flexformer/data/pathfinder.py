@@ -59,6 +59,14 @@ class Pathfinder:
     train_examples, test_examples : int
         Size of each split (defaults 32,768 and 2,048); an example is generated when first
         used and kept.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.data import Pathfinder
+    >>> ids, mask, labels = Pathfinder(16, train_examples=8, test_examples=8).batch(np.random.default_rng(0), 4)
+    >>> ids.shape, sorted(set(labels.tolist())) <= [0, 1]
+    ((4, 256), True)
     """
 
     num_classes = 2

@@ -31,7 +31,32 @@ def read_bytes(path: str) -> np.ndarray:
 
 class TextLM:
     """Next-byte prediction: trains on every file but the evaluation file (default: the
-    last in name order) and evaluates on that one."""
+    last in name order) and evaluates on that one.
+
+    Parameters
+    ----------
+    folder : str
+        A folder of ``.txt`` files.
+    seq_len : int, optional
+    eval_file : str, optional
+
+    Raises
+    ------
+    ValueError
+        No text files, files shorter than a window, or an unknown ``eval_file``.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np
+    >>> folder = tempfile.mkdtemp()
+    >>> for name, line in [("a.txt", "It is a truth universally acknowledged. "), ("b.txt", "Emma Woodhouse, clever. ")]:
+    ...     with open(os.path.join(folder, name), "w") as fh:
+    ...         _ = fh.write(line * 50)
+    >>> from flexformer.data import TextLM
+    >>> inputs, targets = TextLM(folder, seq_len=32).batch(np.random.default_rng(0), 4)
+    >>> inputs.shape, bool((inputs[:, 1:] == targets[:, :-1]).all())
+    ((4, 32), True)
+    """
 
     vocab_size = 256
 
@@ -59,7 +84,28 @@ class TextLM:
 
 class TextClassification:
     """Which file a window of ``seq_len`` bytes came from. The last ``holdout`` fraction
-    of every file is kept whole for evaluation, so no evaluation window overlaps training."""
+    of every file is kept whole for evaluation, so no evaluation window overlaps training.
+
+    Parameters
+    ----------
+    folder : str
+        A folder of ``.txt`` files, one class each.
+    seq_len : int, optional
+    holdout : float, optional
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np
+    >>> folder = tempfile.mkdtemp()
+    >>> for name, line in [("a.txt", "It is a truth universally acknowledged. "), ("b.txt", "Emma Woodhouse, clever. ")]:
+    ...     with open(os.path.join(folder, name), "w") as fh:
+    ...         _ = fh.write(line * 50)
+    >>> from flexformer.data import TextClassification
+    >>> data = TextClassification(folder, seq_len=32)
+    >>> ids, mask, labels = data.batch(np.random.default_rng(0), 4, split="test")
+    >>> data.num_classes, ids.shape
+    (2, (4, 32))
+    """
 
     vocab_size = 256
 
@@ -90,7 +136,27 @@ class TextRetrieval:
     retrieval task asks whether two documents are related; here two windows of
     ``seq_len`` bytes are related when one book holds both.) Half the pairs share a book.
     As in :class:`TextClassification` the last ``holdout`` fraction of every file is kept
-    for evaluation, so no evaluation window overlaps training."""
+    for evaluation, so no evaluation window overlaps training.
+
+    Parameters
+    ----------
+    folder : str
+        A folder of ``.txt`` files.
+    seq_len : int, optional
+    holdout : float, optional
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np
+    >>> folder = tempfile.mkdtemp()
+    >>> for name, line in [("a.txt", "It is a truth universally acknowledged. "), ("b.txt", "Emma Woodhouse, clever. ")]:
+    ...     with open(os.path.join(folder, name), "w") as fh:
+    ...         _ = fh.write(line * 50)
+    >>> from flexformer.data import TextRetrieval
+    >>> ids, mask, labels = TextRetrieval(folder, seq_len=32).batch(np.random.default_rng(0), 4)
+    >>> ids.shape
+    (4, 2, 32)
+    """
 
     vocab_size = 256
     num_classes = 2

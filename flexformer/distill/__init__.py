@@ -69,7 +69,28 @@ def _check(kind: str, q, k, key_mask, params):
 def teacher_rows(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = None,
                  scale: Optional[float] = None) -> np.ndarray:
     """Softmax attention rows a (S, H, N, N) = softmax_j(q_i.k_j * scale) over unmasked keys
-    (scale 1/sqrt(d) by default); rows of masked queries are kept (they are not used)."""
+    (scale 1/sqrt(d) by default); rows of masked queries are kept (they are not used).
+
+    Parameters
+    ----------
+    q, k : ndarray (S, H, N, d)
+    key_mask : ndarray of bool (S, N), optional
+    scale : float, optional
+
+    Returns
+    -------
+    ndarray (S, H, N, N)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import flexformer.distill as fd
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = (0.5 * rng.standard_normal((2, 2, 6, 4)) for _ in range(2))
+    >>> a = fd.teacher_rows(q, k)
+    >>> bool(np.allclose(a.sum(-1), 1.0))
+    True
+    """
     q, k = np.asarray(q), np.asarray(k)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     logits = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
@@ -118,7 +139,32 @@ def _student_logits(kind, q, k, key_mask, params, floor, soft_floor=None):
 
 def attention_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Params,
                    key_mask: Optional[np.ndarray] = None, floor: float = DEFAULT_FLOOR) -> np.ndarray:
-    """The student's attention rows b (S, H, N, N) for the kernel of ``kind``."""
+    """The student's attention rows b (S, H, N, N) for the kernel of ``kind``.
+
+    Parameters
+    ----------
+    kind : str
+        A distillable kind.
+    q, k : ndarray (S, H, N, d)
+    params : dict of ndarray
+    key_mask : ndarray of bool (S, N), optional
+    floor : float, optional
+        Entries below it are raised to it (trig kernels can give non-positive ones).
+
+    Returns
+    -------
+    ndarray (S, H, N, N)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import flexformer.distill as fd
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = (0.5 * rng.standard_normal((2, 2, 6, 4)) for _ in range(2))
+    >>> b = fd.attention_rows("hedgehog", q, k, fd.get_attention("hedgehog").init(2, 4, rng=0))
+    >>> bool(np.allclose(b.sum(-1), 1.0))
+    True
+    """
     q, k, key_mask, params = _check(kind, q, k, key_mask, params)
     return np.exp(_student_logits(kind, q, k, key_mask, params, floor)[-1])
 
@@ -160,6 +206,17 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
     grads : dict
         d loss / d parameter for the kind's learnable parameters (empty for performer,
         rfa, taylor, or when ``grad`` is False), in the input dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import flexformer.distill as fd
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = (0.5 * rng.standard_normal((2, 2, 6, 4)) for _ in range(2))
+    >>> params = fd.get_attention("flex_n").init(2, 4, num_features=8, rng=0)
+    >>> loss, per_head, grads = fd.distill_loss("flex_n", q, k, params)
+    >>> per_head.shape, sorted(grads)
+    ((2,), ['omega1', 'omega2', 'tau'])
     """
     q, k, key_mask, params = _check(kind, q, k, key_mask, params)
     S, H, N, _ = q.shape
@@ -193,7 +250,26 @@ def distill_loss(kind: str, q: np.ndarray, k: np.ndarray, params: Params, key_ma
 
 def teacher_entropy(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
     """Mean row entropy of the softmax rows per head (H,): cross-entropy minus this is the
-    KL divergence KL(a || b)."""
+    KL divergence KL(a || b).
+
+    Parameters
+    ----------
+    q, k : ndarray (S, H, N, d)
+    key_mask : ndarray of bool (S, N), optional
+
+    Returns
+    -------
+    ndarray (H,)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import flexformer.distill as fd
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = (0.5 * rng.standard_normal((2, 2, 6, 4)) for _ in range(2))
+    >>> bool((fd.teacher_entropy(q, k) <= np.log(6)).all())
+    True
+    """
     q = np.asarray(q)
     S, H, N, _ = q.shape
     key_mask = np.ones((S, N), bool) if key_mask is None else np.asarray(key_mask)
@@ -210,9 +286,29 @@ def teacher_entropy(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray]
 class FitResult:
     """What :func:`fit_kernels` returns.
 
-    params: the best parameters per head (by held-out loss); val_loss / train_loss: the
-    history (one entry per evaluation, each (H,)); best_val: (H,) held-out cross-entropy
-    of the returned parameters; steps: steps taken; stopped_early: whether patience ran out.
+    Parameters
+    ----------
+    params : dict of ndarray
+        The best parameters per head (by held-out loss).
+    best_val : ndarray (H,)
+        Held-out cross-entropy of the returned parameters.
+    steps : int
+        Steps taken.
+    stopped_early : bool
+        Whether patience ran out.
+    val_loss, train_loss : list of ndarray (H,)
+        The history, one entry per evaluation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import flexformer.distill as fd
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = (0.5 * rng.standard_normal((2, 2, 6, 4)) for _ in range(2))
+    >>> params = fd.get_attention("flex_s").init(2, 4, num_features=8, rng=0)
+    >>> result = fd.fit_kernels("flex_s", (q, k, None), (q, k, None), params, steps=5, progress=False)
+    >>> result.best_val.shape, result.steps
+    ((2,), 5)
     """
 
     params: Params
@@ -230,7 +326,31 @@ def _batch_loss(kind, data, idx, params, floor, soft_floor=None, grad=True):
 
 def evaluate(kind: str, q, k, key_mask, params: Params, *, batch_size: int = 64,
              floor: float = DEFAULT_FLOOR) -> np.ndarray:
-    """Held-out cross-entropy per head (H,), row-weighted over all sequences."""
+    """Held-out cross-entropy per head (H,), row-weighted over all sequences.
+
+    Parameters
+    ----------
+    kind : str
+    q, k : ndarray (S, H, N, d)
+    key_mask : ndarray of bool (S, N) or None
+    params : dict of ndarray
+    batch_size : int, optional
+    floor : float, optional
+
+    Returns
+    -------
+    ndarray (H,)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import flexformer.distill as fd
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = (0.5 * rng.standard_normal((2, 2, 6, 4)) for _ in range(2))
+    >>> ce = fd.evaluate("hedgehog", q, k, None, fd.get_attention("hedgehog").init(2, 4, rng=0))
+    >>> bool((ce >= fd.teacher_entropy(q, k) - 1e-9).all())     # cross-entropy >= entropy
+    True
+    """
     q = np.asarray(q)
     key_mask = np.ones(q.shape[:1] + q.shape[2:3], bool) if key_mask is None else np.asarray(key_mask)
     total = np.zeros(q.shape[1])
@@ -275,6 +395,18 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
         ``steps`` along a cosine (the training loop's schedule without warmup).
     progress : bool
         A one-line progress display on stderr.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import flexformer.distill as fd
+    >>> rng = np.random.default_rng(0)
+    >>> q, k = (0.5 * rng.standard_normal((2, 2, 6, 4)) for _ in range(2))
+    >>> params = fd.get_attention("hedgehog").init(2, 4, rng=0)
+    >>> before = fd.evaluate("hedgehog", q, k, None, params)
+    >>> result = fd.fit_kernels("hedgehog", (q, k, None), (q, k, None), params, steps=30, progress=False)
+    >>> bool((result.best_val <= before).all())
+    True
     """
     if kind not in DISTILL_KINDS:
         raise ValueError(f"kind must be one of {', '.join(DISTILL_KINDS)}, got {kind!r}")
@@ -338,3 +470,5 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
         bar.close()
     result.params, result.best_val, result.steps = best, best_val, step
     return result
+
+__all__ = ["DISTILL_KINDS", "FitResult", "attention_rows", "distill_loss", "evaluate", "fit_kernels", "teacher_entropy", "teacher_rows"]

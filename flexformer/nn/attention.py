@@ -56,6 +56,17 @@ class MultiHeadAttention(Module):
         Initialisation options of the kind (``AttentionKind.init_options``, e.g.
         ``{"scale": 0.3, "spread": 0.3}``); options the kind does not take are ignored, so
         one dict serves every kind.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> from flexformer.nn import MultiHeadAttention
+    >>> mha = MultiHeadAttention(16, 2, "flex_n", rng, causal=True)
+    >>> x = rng.standard_normal((2, 8, 16)).astype(np.float32)
+    >>> y = mha.forward(x)
+    >>> y.shape, mha.backward(np.ones_like(y)).shape
+    ((2, 8, 16), (2, 8, 16))
     """
 
     def __init__(self, dim: int, num_heads: int, attention: str, rng: np.random.Generator, *,
@@ -263,7 +274,23 @@ class MultiHeadAttention(Module):
 class ConvDecodeState:
     """One layer's decoding state when it has short convolutions: the attention's
     recurrent ``State`` and ``tails``, the last width - 1 inputs of the query, key and value
-    convolutions, each (B, width - 1, dim)."""
+    convolutions, each (B, width - 1, dim).
+
+    Parameters
+    ----------
+    attention : LinearAttentionState or KVCacheState
+    tails : sequence of ndarray
+        The query, key and value convolutions' last inputs.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import CausalLM
+    >>> lm = CausalLM(16, dim=8, depth=1, heads=2, max_len=32, short_conv=4, rng=0)
+    >>> _, cache = lm.prefill(np.array([[1, 2, 3]]))
+    >>> type(cache.states[0]).__name__, cache.states[0].tails[0].shape
+    ('ConvDecodeState', (1, 3, 8))
+    """
 
     __slots__ = ("attention", "tails")
 
@@ -286,7 +313,29 @@ class ConvDecodeState:
 
 
 class Block(Module):
-    """Pre-LN residual block: x + MHA(LN(x)), then x + MLP(LN(x))."""
+    """Pre-LN residual block: x + MHA(LN(x)), then x + MLP(LN(x)).
+
+    Parameters
+    ----------
+    dim, num_heads : int
+    attention : str
+        A registered attention kind.
+    rng : numpy.random.Generator
+    mlp_ratio : int, optional
+        The MLP's hidden width over ``dim``.
+    dtype : float32 or float64, optional
+    **attn_kwargs
+        Passed to :class:`MultiHeadAttention` (``causal``, ``max_len``, ...).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> from flexformer.nn import Block
+    >>> block = Block(16, 2, "softmax", rng)
+    >>> block.forward(np.ones((1, 4, 16), np.float32)).shape
+    (1, 4, 16)
+    """
 
     def __init__(self, dim: int, num_heads: int, attention: str, rng: np.random.Generator, *,
                  mlp_ratio: int = 4, dtype=np.float32, **attn_kwargs):

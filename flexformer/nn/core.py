@@ -18,7 +18,24 @@ from .. import _C
 class Parameter:
     """An array with its gradient. ``kind`` ("weight", "bias", "norm", "embedding" or
     "kernel" for attention-kind parameters) lets the optimiser choose weight decay;
-    a fixed array (Performer's or RFA's frequencies) has ``grad`` None and is not trained."""
+    a fixed array (Performer's or RFA's frequencies) has ``grad`` None and is not trained.
+
+    Parameters
+    ----------
+    value : ndarray
+        The array (kept, not copied).
+    kind : {"weight", "bias", "norm", "embedding", "kernel"}, optional
+    trainable : bool, optional
+        False for fixed arrays (``grad`` stays None).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import Parameter
+    >>> p = Parameter(np.zeros(3), kind="bias")
+    >>> p.grad.shape, p.kind
+    ((3,), 'bias')
+    """
 
     __slots__ = ("value", "grad", "kind")
 
@@ -29,7 +46,21 @@ class Parameter:
 
 
 class Module:
-    """A container of parameters and child modules with dotted names."""
+    """A container of parameters and child modules with dotted names.
+
+    Subclasses register :class:`Parameter` attributes and child modules; the methods
+    collect them under dotted names.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import MLP
+    >>> mlp = MLP(8, 32, np.random.default_rng(0))
+    >>> sorted(mlp.parameters())
+    ['fc1.W', 'fc1.b', 'fc2.W', 'fc2.b']
+    >>> mlp.num_parameters()
+    552
+    """
 
     def __init__(self) -> None:
         self._params: Dict[str, Parameter] = {}
@@ -88,7 +119,30 @@ class Module:
 
 
 class Linear(Module):
-    """y = x W + b with W (in, out)."""
+    """y = x W + b with W (in, out).
+
+    Parameters
+    ----------
+    d_in, d_out : int
+    rng : numpy.random.Generator
+        Draws W from N(0, scale^2), scale = 1/sqrt(d_in) by default.
+    bias : bool, optional
+    dtype : float32 or float64, optional
+    scale : float, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> from flexformer.nn import Linear
+    >>> layer = Linear(4, 3, rng)
+    >>> x = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    >>> y = layer.forward(x)
+    >>> bool(np.allclose(y, x @ layer.W.value + layer.b.value))
+    True
+    >>> layer.backward(np.ones_like(y)).shape
+    (2, 5, 4)
+    """
 
     def __init__(self, d_in: int, d_out: int, rng: np.random.Generator, *, bias: bool = True,
                  dtype=np.float32, scale: Optional[float] = None):
@@ -115,7 +169,22 @@ class Linear(Module):
 
 
 class LayerNorm(Module):
-    """Normalise the last axis, then scale and shift."""
+    """Normalise the last axis, then scale and shift.
+
+    Parameters
+    ----------
+    dim : int
+    eps : float, optional
+    dtype : float32 or float64, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import LayerNorm
+    >>> y = LayerNorm(4, dtype=np.float64).forward(np.array([[1.0, 2.0, 3.0, 4.0]]))
+    >>> bool(abs(y.mean()) < 1e-12), bool(abs(y.std() - 1) < 1e-4)
+    (True, True)
+    """
 
     def __init__(self, dim: int, *, eps: float = 1e-5, dtype=np.float32):
         super().__init__()
@@ -164,7 +233,16 @@ class GELU(Module):
 
     One C pass per direction (``gelu_forward`` / ``gelu_backward`` in the extension): this
     layer runs on the model's widest activations (batch x sequence x 4 dim), where NumPy
-    took eight to eleven passes over memory. :func:`gelu_reference` is the NumPy twin."""
+    took eight to eleven passes over memory. :func:`gelu_reference` is the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import GELU
+    >>> y = GELU().forward(np.array([-1.0, 0.0, 1.0]))
+    >>> np.round(y, 4)
+    array([-0.1588,  0.    ,  0.8412])
+    """
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         self._x = np.ascontiguousarray(x)
@@ -186,7 +264,24 @@ def gelu_reference(x: np.ndarray, dy: Optional[np.ndarray] = None):
 
 
 class MLP(Module):
-    """Linear -> GELU -> Linear."""
+    """Linear -> GELU -> Linear.
+
+    Parameters
+    ----------
+    dim, hidden : int
+        Input and output width, and the hidden width.
+    rng : numpy.random.Generator
+    dtype : float32 or float64, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> from flexformer.nn import MLP
+    >>> mlp = MLP(8, 32, rng)
+    >>> mlp.forward(np.ones((2, 3, 8), np.float32)).shape
+    (2, 3, 8)
+    """
 
     def __init__(self, dim: int, hidden: int, rng: np.random.Generator, *, dtype=np.float32):
         super().__init__()
@@ -214,7 +309,23 @@ class ShortConv(Module):
     One C pass per direction (``short_conv_forward`` / ``short_conv_backward`` in the
     extension); :func:`short_conv_reference` is the NumPy twin. ``forward(x, tail)``
     continues a sequence: ``tail`` (B, width - 1, dim) holds the inputs of the width - 1
-    positions before x (recurrent decoding); :meth:`next_tail` gives the tail after x."""
+    positions before x (recurrent decoding); :meth:`next_tail` gives the tail after x.
+
+    Parameters
+    ----------
+    dim, width : int
+        Channels and taps; width >= 1.
+    dtype : float32 or float64, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import ShortConv
+    >>> conv = ShortConv(3, 4, dtype=np.float64)
+    >>> x = np.random.default_rng(0).standard_normal((1, 6, 3))
+    >>> bool(np.array_equal(conv.forward(x), x))      # the identity at the start
+    True
+    """
 
     def __init__(self, dim: int, width: int, *, dtype=np.float32):
         super().__init__()
@@ -269,7 +380,23 @@ def short_conv_reference(x: np.ndarray, w: np.ndarray, dy: Optional[np.ndarray] 
 
 
 class Embedding(Module):
-    """Token ids (B, N) -> vectors (B, N, dim)."""
+    """Token ids (B, N) -> vectors (B, N, dim).
+
+    Parameters
+    ----------
+    vocab, dim : int
+    rng : numpy.random.Generator
+    dtype : float32 or float64, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> from flexformer.nn import Embedding
+    >>> emb = Embedding(10, 4, rng)
+    >>> emb.forward(np.array([[1, 2, 3]])).shape
+    (1, 3, 4)
+    """
 
     def __init__(self, vocab: int, dim: int, rng: np.random.Generator, *, dtype=np.float32):
         super().__init__()
@@ -309,7 +436,26 @@ def sinusoidal_positions(positions: np.ndarray, dim: int) -> np.ndarray:
 
 
 class PositionalEncoding(Module):
-    """Adds a learned (max_len, dim) table or the fixed sinusoidal one (Vaswani et al.)."""
+    """Adds a learned (max_len, dim) table or the fixed sinusoidal one (Vaswani et al.).
+
+    Parameters
+    ----------
+    max_len, dim : int
+    rng : numpy.random.Generator
+    learned : bool, optional
+        A learned table (default) or the fixed sinusoidal one, which extends past max_len.
+    dtype : float32 or float64, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> from flexformer.nn import PositionalEncoding
+    >>> pos = PositionalEncoding(16, 4, rng, learned=False)
+    >>> x = np.zeros((1, 3, 4), np.float32)
+    >>> bool(np.array_equal(pos.forward(x, offset=2)[0, 0], pos.forward(np.zeros((1, 5, 4), np.float32))[0, 2]))
+    True
+    """
 
     def __init__(self, max_len: int, dim: int, rng: np.random.Generator, *, learned: bool = True,
                  dtype=np.float32):
@@ -346,7 +492,29 @@ class PositionalEncoding(Module):
 def cross_entropy(logits: np.ndarray, targets: np.ndarray,
                   weights: Optional[np.ndarray] = None) -> Tuple[float, np.ndarray]:
     """Mean softmax cross-entropy over rows (optionally weighted, e.g. by a mask) and its
-    gradient with respect to the logits."""
+    gradient with respect to the logits.
+
+    Parameters
+    ----------
+    logits : ndarray (..., C)
+    targets : ndarray of int (...)
+    weights : ndarray (...), optional
+        Per-row weights (0 drops a row).
+
+    Returns
+    -------
+    loss : float
+    dlogits : ndarray
+        Same shape as ``logits``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import cross_entropy
+    >>> loss, dlogits = cross_entropy(np.zeros((2, 4)), np.array([0, 3]))
+    >>> round(loss, 4), dlogits.shape
+    (1.3863, (2, 4))
+    """
     C = logits.shape[-1]
     z = logits.reshape(-1, C).astype(np.float64)
     t = np.asarray(targets).reshape(-1)

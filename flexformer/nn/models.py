@@ -61,7 +61,24 @@ class _Backbone(Module):
 
 @dataclass
 class DecodeCache:
-    """Per-layer recurrent states of a causal LM and the next position to fill."""
+    """Per-layer recurrent states of a causal LM and the next position to fill.
+
+    Parameters
+    ----------
+    states : list
+        One recurrent state per layer.
+    position : int
+        The next position.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import CausalLM
+    >>> lm = CausalLM(16, dim=8, depth=2, heads=2, max_len=32, rng=0)
+    >>> _, cache = lm.prefill(np.array([[1, 2, 3]]))
+    >>> len(cache.states), cache.position
+    (2, 3)
+    """
 
     states: List[State]
     position: int
@@ -104,6 +121,18 @@ class EncoderClassifier(Module):
         after their projections (:class:`flexformer.nn.MultiHeadAttention`).
     rng : seed or Generator
     dtype : float32 or float64
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import EncoderClassifier, cross_entropy
+    >>> model = EncoderClassifier(vocab=16, num_classes=3, dim=16, depth=1, heads=2, max_len=8, rng=0)
+    >>> ids = np.random.default_rng(0).integers(0, 16, (4, 8))
+    >>> logits = model.forward(ids, np.ones((4, 8), bool))
+    >>> loss, dlogits = cross_entropy(logits, np.array([0, 1, 2, 0]))
+    >>> model.zero_grad(); model.backward(dlogits)
+    >>> logits.shape, model.gradients()["head.W"].shape
+    ((4, 3), (16, 3))
     """
 
     def __init__(self, vocab: int, num_classes: int, *, dim: int = 64, depth: int = 2, heads: int = 4,
@@ -139,7 +168,26 @@ class TwoTowerClassifier(EncoderClassifier):
     retrieval task: one encoder (shared weights; :class:`EncoderClassifier`'s backbone,
     mean-pooled over unmasked positions) gives u and v for the two sequences, and
     [u, v, u * v, u - v] goes through Linear(4 dim, dim), GELU and Linear(dim, C).
-    The keyword arguments are :class:`EncoderClassifier`'s."""
+    The keyword arguments are :class:`EncoderClassifier`'s.
+
+    Parameters
+    ----------
+    vocab, num_classes : int
+    dim : int, optional
+    rng : None, int or numpy.random.Generator, optional
+    dtype : float32 or float64, optional
+    **kwargs
+        The encoder's options, as for :class:`EncoderClassifier`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import TwoTowerClassifier
+    >>> model = TwoTowerClassifier(16, dim=8, depth=1, heads=2, max_len=6, rng=0)
+    >>> pairs = np.random.default_rng(0).integers(0, 16, (3, 2, 6))
+    >>> model.forward(pairs, np.ones((3, 2, 6), bool)).shape
+    (3, 2)
+    """
 
     def __init__(self, vocab: int, num_classes: int = 2, *, dim: int = 64, rng: RngLike = 0, dtype=np.float32,
                  **kwargs):
@@ -175,7 +223,27 @@ class TwoTowerClassifier(EncoderClassifier):
 class CausalLM(Module):
     """Tokens (B, N) -> next-token logits (B, N, vocab) with causal attention; the
     parameters are those of :class:`EncoderClassifier` (no Linformer, which has no
-    causal mode)."""
+    causal mode).
+
+    Parameters
+    ----------
+    vocab : int
+    **options
+        As for :class:`EncoderClassifier` (except ``linformer_sharing``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import CausalLM
+    >>> lm = CausalLM(16, dim=8, depth=1, heads=2, max_len=32, rng=0, dtype=np.float64)
+    >>> ids = np.array([[1, 2, 3, 4, 5]])
+    >>> full = lm.forward(ids)
+    >>> _, cache = lm.prefill(ids[:, :4])
+    >>> bool(np.allclose(lm.step(ids[:, 4:], cache), full[:, 4:]))    # recurrent decoding
+    True
+    >>> len(lm.generate(np.array([1, 2]), 5, temperature=0))
+    5
+    """
 
     def __init__(self, vocab: int, *, dim: int = 64, depth: int = 2, heads: int = 4, max_len: int = 512,
                  attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
@@ -245,7 +313,27 @@ class CausalLM(Module):
 
 def sample_token(logits: np.ndarray, temperature: float, top_k: Optional[int], rng: np.random.Generator) -> int:
     """One id from logits (vocab,): argmax when temperature is 0, else softmax(logits / T)
-    restricted to the top_k largest."""
+    restricted to the top_k largest.
+
+    Parameters
+    ----------
+    logits : ndarray (vocab,)
+    temperature : float
+        0 for the most likely token.
+    top_k : int or None
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import sample_token
+    >>> sample_token(np.array([0.1, 2.0, 0.3]), 0.0, None, np.random.default_rng(0))
+    1
+    """
     z = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
         return int(np.argmax(z))

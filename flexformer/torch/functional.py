@@ -87,7 +87,33 @@ def _normalise(num: Tensor, den: Tensor, R: Tensor, eps: float) -> Tensor:
 
 def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, eps: float = EPS,
                 chunk: int = CHUNK) -> Tensor:
-    """Normalised linear attention from split features; masked keys carry sk = -inf."""
+    """Normalised linear attention from split features; masked keys carry sk = -inf.
+
+    Parameters
+    ----------
+    fq, fk : Tensor
+        Unit-norm features (B, H, Nq, F) and (B, H, Nk, F).
+    sk : Tensor (B, H, Nk)
+        Log-weights of the keys.
+    v : Tensor (B, H, Nk, e)
+    causal : bool
+    eps : float, optional
+    chunk : int, optional
+
+    Returns
+    -------
+    Tensor (B, H, Nq, e)
+
+    Examples
+    --------
+    >>> import numpy as np, torch, flexformer as ff
+    >>> from flexformer.torch import linear_core
+    >>> x = torch.rand(1, 1, 5, 3, dtype=torch.float64) + 0.1
+    >>> f = x / x.norm(dim=-1, keepdim=True)
+    >>> out = linear_core(f, f, x.norm(dim=-1).log(), x, causal=False)
+    >>> bool(np.allclose(out.numpy(), ff.linear_attention(x.numpy(), x.numpy(), x.numpy())))
+    True
+    """
     if not causal:
         M = _finite_or_zero(sk.amax(-1, keepdim=True)).detach()  # the shift cancels: no gradient
         w = torch.exp(sk - M)
@@ -139,7 +165,28 @@ def _softmax(q, k, v, causal, key_mask, scale=None):
 
 def torch_attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Dict[str, Tensor], *, causal: bool = False,
                     key_mask: Optional[Tensor] = None, eps: float = EPS) -> Tensor:
-    """The pure-PyTorch implementation of every kind (any device and dtype)."""
+    """The pure-PyTorch implementation of every kind (any device and dtype).
+
+    Parameters
+    ----------
+    kind, q, k, v, params, causal, key_mask
+        As in :func:`attention`.
+    eps : float, optional
+
+    Returns
+    -------
+    Tensor
+
+    Examples
+    --------
+    >>> import numpy as np, torch, flexformer as ff
+    >>> from flexformer.torch import attention
+    >>> q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64) for _ in range(3))
+    >>> from flexformer.torch import torch_attention
+    >>> out = torch_attention("softmax", q, k, v, {}, causal=True)
+    >>> bool(np.allclose(out.numpy(), ff.softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal=True)))
+    True
+    """
     if q.shape[2] == 0 or k.shape[2] == 0:
         # no rows, or no keys: zero rows, as the C kernels give, kept on the autograd graph
         # (the sums are over empty tensors, so exactly 0)
@@ -190,6 +237,31 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
         True = attend.
     backend : {"auto", "c", "torch"}
         See the module docstring; "c" raises ValueError for tensors it cannot take.
+
+    Returns
+    -------
+    Tensor
+        (B, H, Nq, e).
+
+    Raises
+    ------
+    ValueError
+        An unknown kind or backend, a missing or unknown parameter, or ``backend="c"`` for
+        tensors the C kernels cannot take.
+    TypeError
+        A non-tensor argument or a non-bool ``key_mask``.
+
+    Examples
+    --------
+    >>> import numpy as np, torch, flexformer as ff
+    >>> from flexformer.torch import attention
+    >>> q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64) for _ in range(3))
+    >>> params = {n: torch.tensor(p, requires_grad=True) for n, p in ff.get_attention("flex_s").init(2, 4, rng=0).items()}
+    >>> out = attention("flex_s", q, k, v, params, causal=True)
+    >>> out.sum().backward()
+    >>> want = ff.flex_s_attention(q.numpy(), k.numpy(), v.numpy(), params["omega"].detach().numpy(), causal=True)
+    >>> bool(np.allclose(out.detach().numpy(), want)), params["omega"].grad.shape
+    (True, torch.Size([2, 4, 4]))
     """
     spec = get_attention(kind)
     params = {} if params is None else params

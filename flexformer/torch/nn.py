@@ -125,7 +125,28 @@ class ShortConv(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Q/K/V/output projections around one attention kind (Linformer: per-head E and F
     only; its shared variants stay in the NumPy model), with the NumPy layer's optional
-    short convolutions on queries, keys and values."""
+    short convolutions on queries, keys and values.
+
+    Parameters
+    ----------
+    dim, num_heads : int
+    attention_kind : str
+    causal : bool, optional
+    max_len : int, optional
+        Linformer's Nmax.
+    num_features : int, optional
+    kernel_init : dict, optional
+    rng : int, optional
+    dtype : torch.dtype, optional
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flexformer.torch import MultiHeadAttention
+    >>> mha = MultiHeadAttention(16, 2, "flex_n", causal=True)
+    >>> mha(torch.randn(2, 8, 16)).shape
+    torch.Size([2, 8, 16])
+    """
 
     def __init__(self, dim: int, num_heads: int, attention_kind: str, *, causal: bool = False, max_len: int = 512,
                  num_features: Optional[int] = None, kernel_init: Optional[dict] = None, rng=0,
@@ -220,7 +241,24 @@ class _Model(nn.Module):
 
 
 class EncoderClassifier(_Model):
-    """flexformer.nn.EncoderClassifier in torch: mean over unmasked positions, linear head."""
+    """flexformer.nn.EncoderClassifier in torch: mean over unmasked positions, linear head.
+
+    Parameters
+    ----------
+    vocab, num_classes : int
+    **kw
+        As for :class:`flexformer.nn.EncoderClassifier` (``dim``, ``depth``, ``heads``,
+        ``max_len``, ``attention``, ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flexformer.torch import EncoderClassifier
+    >>> model = EncoderClassifier(16, 3, dim=16, depth=1, heads=2, max_len=8)
+    >>> ids = torch.randint(0, 16, (4, 8))
+    >>> model(ids, torch.ones(4, 8, dtype=torch.bool)).shape
+    torch.Size([4, 3])
+    """
 
     def __init__(self, vocab: int, num_classes: int, **kw):
         super().__init__(vocab, num_classes, False, **kw)
@@ -233,7 +271,22 @@ class EncoderClassifier(_Model):
 
 
 class CausalLM(_Model):
-    """flexformer.nn.CausalLM in torch: next-token logits (B, N, vocab)."""
+    """flexformer.nn.CausalLM in torch: next-token logits (B, N, vocab).
+
+    Parameters
+    ----------
+    vocab : int
+    **kw
+        As for :class:`flexformer.nn.CausalLM`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from flexformer.torch import CausalLM
+    >>> lm = CausalLM(16, dim=16, depth=1, heads=2, max_len=8)
+    >>> lm(torch.randint(0, 16, (2, 8))).shape
+    torch.Size([2, 8, 16])
+    """
 
     def __init__(self, vocab: int, **kw):
         super().__init__(vocab, vocab, True, **kw)
@@ -245,7 +298,34 @@ class CausalLM(_Model):
 # -------------------------------------------------------------- checkpoints
 
 def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, *, backend: str = "auto"):
-    """The torch twin of the model a :class:`flexformer.training.TrainConfig` describes."""
+    """The torch twin of the model a :class:`flexformer.training.TrainConfig` describes.
+
+    Parameters
+    ----------
+    cfg : flexformer.training.TrainConfig
+    vocab : int
+    num_classes : int or None
+        None for a language model.
+    max_len : int
+    backend : {"auto", "c", "torch"}, optional
+
+    Returns
+    -------
+    torch.nn.Module
+
+    Raises
+    ------
+    ValueError
+        A Linformer configuration with shared projections.
+
+    Examples
+    --------
+    >>> from flexformer.training import TrainConfig
+    >>> from flexformer.torch.nn import model_for_config
+    >>> model = model_for_config(TrainConfig(dim=16, heads=2, depth=1), vocab=16, num_classes=10, max_len=32)
+    >>> type(model).__name__
+    'EncoderClassifier'
+    """
     if cfg.linformer_sharing != "none":
         raise ValueError("the torch models support Linformer with per-head projections only "
                          f"(linformer_sharing 'none'), got {cfg.linformer_sharing!r}")
@@ -268,7 +348,36 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
 
 
 def load_numpy_parameters(model: nn.Module, params: Dict[str, np.ndarray]) -> None:
-    """Copy NumPy parameters in by name; every parameter must be present with its shape."""
+    """Copy NumPy parameters in by name; every parameter must be present with its shape.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model of :mod:`flexformer.torch.nn`.
+    params : dict of ndarray
+        Under the NumPy model's names.
+
+    Raises
+    ------
+    KeyError
+        A parameter is missing.
+    ValueError
+        A shape differs.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, flexformer as ff
+    >>> from flexformer.training import TrainConfig, train
+    >>> run = tempfile.mkdtemp() + "/run"
+    >>> _ = train(TrainConfig(steps=2, seq_len=32, batch_size=4, dim=16, heads=2, depth=1, eval_batches=1), run,
+    ...           progress=False)
+    >>> from flexformer.torch import from_numpy_checkpoint, load_numpy_parameters, numpy_parameters
+    >>> model, cfg = from_numpy_checkpoint(run)
+    >>> params = {n: np.zeros_like(p) for n, p in numpy_parameters(model).items()}
+    >>> load_numpy_parameters(model, params)
+    >>> float(sum(abs(p).sum() for p in numpy_parameters(model).values()))
+    0.0
+    """
     state = model.state_dict()
     missing = [n for n in state if n not in params]
     extra = [n for n in params if n not in state]
@@ -283,12 +392,59 @@ def load_numpy_parameters(model: nn.Module, params: Dict[str, np.ndarray]) -> No
 
 
 def numpy_parameters(model: nn.Module) -> Dict[str, np.ndarray]:
-    """The model's parameters as NumPy arrays under the NumPy model's names."""
+    """The model's parameters as NumPy arrays under the NumPy model's names.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    dict of str to ndarray
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, flexformer as ff
+    >>> from flexformer.training import TrainConfig, train
+    >>> run = tempfile.mkdtemp() + "/run"
+    >>> _ = train(TrainConfig(steps=2, seq_len=32, batch_size=4, dim=16, heads=2, depth=1, eval_batches=1), run,
+    ...           progress=False)
+    >>> from flexformer.torch import from_numpy_checkpoint, numpy_parameters
+    >>> model, cfg = from_numpy_checkpoint(run)
+    >>> "head.W" in numpy_parameters(model)
+    True
+    """
     return {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
 
 
 def from_numpy_checkpoint(path: str, *, backend: str = "auto"):
-    """(torch model, TrainConfig) from a run folder or checkpoint.npz of ``python -m flexformer train``."""
+    """(torch model, TrainConfig) from a run folder or checkpoint.npz of ``python -m flexformer train``.
+
+    Parameters
+    ----------
+    path : str
+        A run folder or its ``checkpoint.npz``.
+    backend : {"auto", "c", "torch"}, optional
+        The attention backend of the model's layers.
+
+    Returns
+    -------
+    model : torch.nn.Module
+    cfg : TrainConfig
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, flexformer as ff
+    >>> from flexformer.training import TrainConfig, train
+    >>> run = tempfile.mkdtemp() + "/run"
+    >>> _ = train(TrainConfig(steps=2, seq_len=32, batch_size=4, dim=16, heads=2, depth=1, eval_batches=1), run,
+    ...           progress=False)
+    >>> from flexformer.torch import from_numpy_checkpoint, numpy_parameters
+    >>> model, cfg = from_numpy_checkpoint(run)
+    >>> saved = ff.training.load_checkpoint(run + "/checkpoint.npz")[0]
+    >>> all(np.array_equal(saved[n], p) for n, p in numpy_parameters(model).items())
+    True
+    """
     from ..training import load_model
 
     np_model, cfg, _ = load_model(path)
@@ -303,7 +459,31 @@ def from_numpy_checkpoint(path: str, *, backend: str = "auto"):
 
 def save_numpy_checkpoint(model: nn.Module, cfg, path: str, *, step: int = 0) -> None:
     """Write the torch model as a NumPy checkpoint (no optimiser state) that
-    :func:`flexformer.training.load_model` and ``python -m flexformer generate`` read."""
+    :func:`flexformer.training.load_model` and ``python -m flexformer generate`` read.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    cfg : TrainConfig
+    path : str
+    step : int, optional
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, flexformer as ff
+    >>> from flexformer.training import TrainConfig, train
+    >>> run = tempfile.mkdtemp() + "/run"
+    >>> _ = train(TrainConfig(steps=2, seq_len=32, batch_size=4, dim=16, heads=2, depth=1, eval_batches=1), run,
+    ...           progress=False)
+    >>> from flexformer.torch import from_numpy_checkpoint, save_numpy_checkpoint
+    >>> model, cfg = from_numpy_checkpoint(run)
+    >>> out = os.path.join(tempfile.mkdtemp(), "checkpoint.npz")
+    >>> save_numpy_checkpoint(model, cfg, out, step=2)
+    >>> ff.training.load_model(out)[1] == cfg
+    True
+    """
     from ..training import checkpoint
 
     checkpoint.save(path, numpy_parameters(model), {}, {"step": int(step), "config": dataclasses.asdict(cfg)})
+
+__all__ = ["CausalLM", "EncoderClassifier", "MultiHeadAttention", "from_numpy_checkpoint", "load_numpy_parameters", "model_for_config", "numpy_parameters", "save_numpy_checkpoint"]

@@ -16,6 +16,25 @@ TEMP_PREFIX = ".checkpoint-"
 
 
 def save(path: str, params: Dict[str, np.ndarray], opt_state: Dict[str, np.ndarray], meta: dict) -> None:
+    """Write parameters, optimiser state and metadata to ``path`` atomically (a temporary
+    file, then a rename).
+
+    Parameters
+    ----------
+    path : str
+    params, opt_state : dict of ndarray
+    meta : dict
+        JSON-serialisable.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np
+    >>> from flexformer.training import save_checkpoint
+    >>> path = os.path.join(tempfile.mkdtemp(), "checkpoint.npz")
+    >>> save_checkpoint(path, {"w": np.ones(2)}, {}, {"step": 1})
+    >>> os.path.exists(path)
+    True
+    """
     arrays = {"param/" + k: v for k, v in params.items()}
     arrays.update({"opt/" + k: v for k, v in opt_state.items()})
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, **meta}))
@@ -79,7 +98,32 @@ def _read(path: str, meta_only: bool) -> Tuple[Dict[str, np.ndarray], dict]:
 
 def load(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray], dict]:
     """(params, optimiser state, meta); ValueError for a file that is not a complete
-    flexformer checkpoint (truncated, corrupted or something else)."""
+    flexformer checkpoint (truncated, corrupted or something else).
+
+    Parameters
+    ----------
+    path : str
+
+    Returns
+    -------
+    params, opt_state : dict of ndarray
+    meta : dict
+
+    Raises
+    ------
+    ValueError
+        Not a complete flexformer checkpoint.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np
+    >>> from flexformer.training import load_checkpoint, save_checkpoint
+    >>> path = os.path.join(tempfile.mkdtemp(), "checkpoint.npz")
+    >>> save_checkpoint(path, {"w": np.ones(2)}, {}, {"step": 3})
+    >>> params, opt_state, meta = load_checkpoint(path)
+    >>> params["w"].tolist(), meta["step"]
+    ([1.0, 1.0], 3)
+    """
     data, meta = _read(path, meta_only=False)
     params = {k[6:]: v for k, v in data.items() if k.startswith("param/")}
     opt = {k[4:]: v for k, v in data.items() if k.startswith("opt/")}

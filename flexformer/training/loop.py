@@ -47,7 +47,25 @@ TEXT_TASKS = ("text-lm", "text-cls", "retrieval")
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a run (saved in the checkpoint; ``--resume`` reuses it)."""
+    """Everything that defines a run (saved in the checkpoint; ``--resume`` reuses it);
+    :meth:`validate` checks it.
+
+    Parameters
+    ----------
+    **fields
+        One per option of ``flexformer train``, under the option's name with dashes as
+        underscores (``--features`` is ``num_features``); ``flexformer train --help``
+        gives each one's meaning and default. ``lr`` and ``short_conv`` left as None take
+        the task's defaults (``TASK_DEFAULTS``).
+
+    Examples
+    --------
+    >>> from flexformer.training import TrainConfig
+    >>> cfg = TrainConfig(task="listops", attention="flex_s", steps=10)
+    >>> cfg.validate()
+    >>> cfg.dim, cfg.heads
+    (64, 4)
+    """
 
     task: str = "listops"
     attention: str = "flex_n"
@@ -257,7 +275,34 @@ def load_model(path: str):
     """(model, cfg, meta) from a run folder or a checkpoint.npz written by :func:`train`.
 
     The sizes (vocabulary, classes, positions) come from the saved arrays, so no data
-    is needed; ValueError when the file is not a usable checkpoint."""
+    is needed; ValueError when the file is not a usable checkpoint.
+
+    Parameters
+    ----------
+    path : str
+        A run folder or its ``checkpoint.npz``.
+
+    Returns
+    -------
+    model, cfg : the model and its TrainConfig
+    meta : dict
+
+    Raises
+    ------
+    ValueError
+        Not a usable checkpoint.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from flexformer.training import TrainConfig, load_model, train
+    >>> run = tempfile.mkdtemp() + "/run"
+    >>> _ = train(TrainConfig(steps=2, seq_len=32, batch_size=4, dim=16, heads=2, depth=1, eval_batches=1), run,
+    ...           progress=False)
+    >>> model, cfg, meta = load_model(run)
+    >>> cfg.steps, meta["step"]
+    (2, 2)
+    """
     ckpt = os.path.join(path, "checkpoint.npz") if os.path.isdir(path) else path
     params, _, meta = checkpoint.load(ckpt)
     try:
@@ -323,7 +368,32 @@ def summarise_diagnostics(layers: list) -> dict:
 
 def evaluate(cfg: TrainConfig, model, data, batches: Optional[int] = None) -> dict:
     """Evaluation loss and accuracy (bits per character for text-lm) on the first
-    ``batches`` (default ``cfg.eval_batches``) held-out batches."""
+    ``batches`` (default ``cfg.eval_batches``) held-out batches.
+
+    Parameters
+    ----------
+    cfg : TrainConfig
+    model : the model :func:`train` built
+    data : the task's data
+    batches : int, optional
+
+    Returns
+    -------
+    dict
+        ``eval_loss`` and ``eval_accuracy`` or ``eval_bits_per_char``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from flexformer.training import TrainConfig, evaluate, load_model, train
+    >>> cfg = TrainConfig(steps=2, seq_len=32, batch_size=4, dim=16, heads=2, depth=1, eval_batches=1)
+    >>> run = tempfile.mkdtemp() + "/run"
+    >>> _ = train(cfg, run, progress=False)
+    >>> from flexformer.training.loop import build_data
+    >>> model, cfg, meta = load_model(run)
+    >>> sorted(evaluate(cfg, model, build_data(cfg), batches=1))
+    ['eval_accuracy', 'eval_loss']
+    """
     losses, correct, count = [], 0, 0
     for i in range(cfg.eval_batches if batches is None else batches):
         batch = batch_for(cfg, data, 10_000_000 + i, "test")
@@ -414,7 +484,39 @@ def train(cfg: Optional[TrainConfig], out_dir: str, *, resume: bool = False, pro
     uninterrupted run would have. ``stop_at`` ends the session after that step with a
     checkpoint, as Ctrl-C does (for time-sliced jobs). A checkpoint is written only when
     every parameter is finite. ``threads`` (kernel threads for this session) overrides the
-    configuration's without changing the results. Returns the metrics."""
+    configuration's without changing the results. Returns the metrics.
+
+    Parameters
+    ----------
+    cfg : TrainConfig or None
+        None only with ``resume``.
+    out_dir : str
+        The run folder.
+    resume, progress, stop_at, steps, stream, overwrite, threads
+        As above.
+
+    Returns
+    -------
+    dict
+        The metrics also written to ``metrics.json``.
+
+    Raises
+    ------
+    ValueError
+        A bad configuration, or a run folder that holds a run (without ``overwrite``).
+    FloatingPointError
+        The loss, a gradient or a parameter became non-finite (the last good checkpoint
+        is kept).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from flexformer.training import TrainConfig, train
+    >>> cfg = TrainConfig(steps=5, seq_len=32, batch_size=4, dim=16, heads=2, depth=1, eval_batches=1)
+    >>> metrics = train(cfg, tempfile.mkdtemp() + "/run", progress=False)
+    >>> metrics["steps"], 0.0 <= metrics["eval_accuracy"] <= 1.0
+    (5, True)
+    """
     if not resume:
         if not isinstance(cfg, TrainConfig):
             raise TypeError(f"cfg must be a TrainConfig (None only with resume=True), got {type(cfg).__name__}")

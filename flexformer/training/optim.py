@@ -17,6 +17,34 @@ class AdamW:
     frequencies). Parameters with ``grad`` None (fixed arrays) are left alone.
     ``kernel_lr_scale`` multiplies the learning rate of the attention-kernel parameters
     (kind ``"kernel"``: frequencies, tau, Hedgehog's W, Linformer's projections).
+
+    Parameters
+    ----------
+    named : sequence of (str, Parameter)
+        ``model.named_parameters()``.
+    lr : float, optional
+        The default learning rate (``step`` takes the rate of each step).
+    betas : (float, float), optional
+    eps : float, optional
+    weight_decay : float, optional
+    no_decay : iterable of str, optional
+        Parameter kinds without weight decay.
+    kernel_lr_scale : float, optional
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import Linear
+    >>> from flexformer.training import AdamW
+    >>> layer = Linear(2, 1, np.random.default_rng(0), dtype=np.float64)
+    >>> opt = AdamW(layer.named_parameters(), lr=0.1)
+    >>> x, y = np.array([[1.0, 2.0]]), np.array([[3.0]])
+    >>> for _ in range(200):
+    ...     layer.zero_grad()
+    ...     _ = layer.backward(2 * (layer.forward(x) - y))
+    ...     opt.step(0.1)
+    >>> bool(abs(layer.forward(x)[0, 0] - 3.0) < 0.05)
+    True
     """
 
     def __init__(self, named: Sequence[Tuple[str, Parameter]], *, lr: float = 1e-3,
@@ -82,7 +110,25 @@ class AdamW:
 
 def lr_at(step: int, *, base_lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
     """Linear warmup over ``warmup`` steps, then cosine decay to ``min_ratio * base_lr``
-    at ``total`` steps (``step`` counts from 0)."""
+    at ``total`` steps (``step`` counts from 0).
+
+    Parameters
+    ----------
+    step : int
+    base_lr : float
+    warmup, total : int
+    min_ratio : float, optional
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> from flexformer.training import lr_at
+    >>> [round(lr_at(s, base_lr=1.0, warmup=10, total=100), 3) for s in (0, 9, 100)]
+    [0.1, 1.0, 0.1]
+    """
     if warmup > 0 and step < warmup:
         return base_lr * (step + 1) / warmup
     span = max(total - warmup, 1)
@@ -92,7 +138,27 @@ def lr_at(step: int, *, base_lr: float, warmup: int, total: int, min_ratio: floa
 
 def clip_global_norm(named: Sequence[Tuple[str, Parameter]], max_norm: float) -> float:
     """Scale all gradients so their global L2 norm is at most ``max_norm``; returns the
-    norm before clipping (inf or NaN pass through so the caller can stop)."""
+    norm before clipping (inf or NaN pass through so the caller can stop).
+
+    Parameters
+    ----------
+    named : sequence of (str, Parameter)
+    max_norm : float
+
+    Returns
+    -------
+    float
+        The norm before clipping.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from flexformer.nn import Parameter
+    >>> from flexformer.training import clip_global_norm
+    >>> p = Parameter(np.zeros(2)); p.grad[:] = [3.0, 4.0]
+    >>> clip_global_norm([("p", p)], 1.0), p.grad.tolist()
+    (5.0, [0.6000000000000001, 0.8])
+    """
     total = 0.0
     for _, p in named:
         if p.grad is not None:
