@@ -1,13 +1,18 @@
 """PyTorch bridge (optional: ``pip install 'flexformer[torch]'``; the core never imports torch).
 
 * :func:`attention` — any registered kind on torch tensors, differentiable: the C kernels
-  through a ``torch.autograd.Function`` for CPU float32/float64 tensors, the identical
-  math in PyTorch operations on any other device or dtype (GPU included).
-* :mod:`flexformer.torch.nn` — torch.nn models whose parameters carry the NumPy models'
-  names and shapes; :func:`from_numpy_checkpoint` / :func:`save_numpy_checkpoint` move a
-  ``python -m flexformer train`` checkpoint into torch and back.
+  as custom operators (:mod:`flexformer.torch.ops`, which ``torch.compile`` traces without
+  a graph break) for CPU float32/float64 tensors, the identical math in PyTorch operations
+  on any other device or dtype (GPU, bfloat16 and float16 with float32 sums).
+* :mod:`flexformer.torch.nn` — torch.nn layers and models in torch's conventions
+  (:class:`MultiHeadAttention` in the spirit of ``torch.nn.MultiheadAttention``, with
+  cross-attention; ``device=``/``dtype=``; ``reset_parameters()``);
+  :func:`from_numpy_checkpoint` / :func:`save_numpy_checkpoint` move a
+  ``flexformer train`` checkpoint into torch and back, bit for bit.
 * ``python -m flexformer.torch.train`` — data-parallel training (DistributedDataParallel,
   gloo on CPU, nccl on GPUs) on the NumPy trainer's tasks; run it under ``torchrun``.
+
+docs/guide/torch.md ("Using flexformer from PyTorch") shows each in use.
 """
 try:
     import torch  # noqa: F401

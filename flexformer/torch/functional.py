@@ -3,9 +3,10 @@
 ``attention(kind, q, k, v, params, causal=..., key_mask=...)`` runs any kind of
 :func:`flexformer.attention_kinds`. Backends:
 
-* ``"c"``: a ``torch.autograd.Function`` around the package's forward and backward
-  kernels. CPU tensors share memory with the NumPy arrays handed to C (no copy when
-  contiguous); gradients flow to q, k, v and the learnable kernel parameters.
+* ``"c"``: the package's forward and backward kernels as PyTorch custom operators
+  (:mod:`flexformer.torch.ops`), which ``torch.compile`` traces without a graph break.
+  CPU tensors share memory with the NumPy arrays handed to C (no copy when contiguous);
+  gradients flow to q, k, v and the learnable kernel parameters.
 * ``"torch"``: the identical math in PyTorch operations (the same phi = exp(s) f split,
   stabilisation by the running maximum, denominator guard and chunked causal form as
   ``csrc/linattn_core.inc``), on any device and dtype, differentiated by autograd.
@@ -19,52 +20,14 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import attention as _lin
 from ..registry import get_attention, require_params
+from .ops import kernel_attention
 
 EPS = _lin.DEFAULT_EPS
 CHUNK = 64
 Tensor = torch.Tensor
-
-
-# ------------------------------------------------------------------ the C path
-
-def _np(t: Tensor) -> np.ndarray:
-    return t.detach().numpy()
-
-
-class _KernelFunction(torch.autograd.Function):
-    """Forward and backward through the registry's C kernels; params after q, k, v."""
-
-    @staticmethod
-    def forward(ctx, kind_name: str, names: Sequence[str], causal: bool, key_mask: Optional[np.ndarray],
-                q: Tensor, k: Tensor, v: Tensor, *params: Tensor) -> Tensor:
-        kind = get_attention(kind_name)
-        pvals = {n: _np(p) for n, p in zip(names, params)}
-        ctx.key_state = ctx.projections = None
-        if kind.key_state and not causal:  # the backward then skips its key pass (and projections)
-            out, ctx.key_state, *kept = kind.forward(_np(q), _np(k), _np(v), pvals, key_mask=key_mask,
-                                                     return_key_state=True, return_projections=kind.projections)
-            ctx.projections = kept[0] if kept else None
-        else:
-            out = kind.forward(_np(q), _np(k), _np(v), pvals, causal=causal, key_mask=key_mask)
-        ctx.save_for_backward(q, k, v, *params)
-        ctx.kind, ctx.names, ctx.causal, ctx.key_mask = kind, names, causal, key_mask
-        return torch.from_numpy(out)
-
-    @staticmethod
-    @once_differentiable  # the C backward is not itself differentiable: double backward raises
-    def backward(ctx, dout: Tensor):
-        q, k, v, *params = ctx.saved_tensors
-        pvals = {n: _np(p) for n, p in zip(ctx.names, params)}
-        dq, dk, dv, dparams = ctx.kind.backward(np.ascontiguousarray(_np(dout)), _np(q), _np(k), _np(v), pvals,
-                                                causal=ctx.causal, key_mask=ctx.key_mask, key_state=ctx.key_state,
-                                                projections=ctx.projections)
-        grads = [torch.from_numpy(dparams[n]) if n in dparams and p.requires_grad else None
-                 for n, p in zip(ctx.names, params)]
-        return (None, None, None, None, torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), *grads)
 
 
 # -------------------------------------------------------------- the torch path
@@ -80,9 +43,10 @@ def _finite_or_zero(m: Tensor) -> Tensor:
 
 
 def _normalise(num: Tensor, den: Tensor, R: Tensor, eps: float) -> Tensor:
-    g = torch.where(den < eps * R, eps * R, den)
-    g = torch.where(R > 0, g, torch.ones_like(g))          # rows without keys: zeros, no NaN gradient
-    return torch.where((R > 0).unsqueeze(-1), num / g.unsqueeze(-1), torch.zeros_like(num))
+    seen = R > 0
+    g = torch.where(seen, torch.maximum(den, eps * R), 1.0)   # 1 for rows without keys: no NaN gradient
+    # the row factors (N values) first, then one pass over num; rows without keys get 0
+    return num * torch.where(seen, 1.0 / g, 0.0).unsqueeze(-1)
 
 
 def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, eps: float = EPS,
@@ -120,6 +84,12 @@ def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, 
         fkw = fk * w.unsqueeze(-1)
         return _normalise(fq @ (fkw.transpose(-1, -2) @ v), (fq @ fkw.sum(-2).unsqueeze(-1)).squeeze(-1),
                           w.sum(-1, keepdim=True).expand(fq.shape[:-1]), eps)
+    return _causal_chunked(fq, fk, sk, v, eps, chunk)
+
+
+def _causal_loop(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
+    """The chunked causal form as csrc/linattn_core.inc runs it, one chunk after another:
+    the plain reference for :func:`_causal_chunked` (tests compare the two)."""
     B, H, N, F = fq.shape
     S = fq.new_zeros(B, H, F, v.shape[-1])
     z = fq.new_zeros(B, H, F)
@@ -148,6 +118,77 @@ def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, 
     return torch.cat(outs, 2)
 
 
+def _exclusive_prefix(m: Tensor, X: Tensor, low: float, group: int = 64):
+    """Sums of earlier chunks: for chunk c, (P_c, sum_{c' < c} exp(m_c' - P_c) X_c') with
+    P_c = max_{c' < c} m_c' (``low`` for the first). m (B, H, C) holds each chunk's own
+    scale (no gradient), X (B, H, C, D) its sums at that scale. Every weight is at most 1,
+    as when the C core rescales its carried state. One (C x C) weight matrix times X when
+    C <= ``group``; beyond that, chunks in groups of ``group`` and the groups' own totals
+    the same way, so the cost stays near linear in C."""
+    B, H, C, D = X.shape
+    if C <= group:
+        with torch.no_grad():
+            P = torch.cummax(torch.cat([m.new_full((B, H, 1), low), m[:, :, :-1]], 2), 2).values
+            earlier = torch.ones(C, C, dtype=torch.bool, device=m.device).tril(-1)
+            W = torch.exp(m.unsqueeze(-2) - P.unsqueeze(-1)).masked_fill(~earlier, 0.0)
+        return P, W @ X
+    G = -(-C // group)
+    pad = G * group - C
+    if pad:
+        m = torch.nn.functional.pad(m, (0, pad), value=low)
+        X = torch.nn.functional.pad(X, (0, 0, 0, pad))
+    mg, Xg = m.reshape(B, H * G, group), X.reshape(B, H * G, group, D)
+    P_local, local = _exclusive_prefix(mg, Xg, low, group)            # within each group
+    with torch.no_grad():
+        top = mg.amax(-1)                                             # each group's scale
+        w = torch.exp(mg - top.unsqueeze(-1))
+    totals = (w.unsqueeze(-2) @ Xg).squeeze(-2)                       # each group's sum at its scale
+    P_group, before = _exclusive_prefix(top.reshape(B, H, G), totals.reshape(B, H, G, D), low, group)
+    P_group, before = P_group.reshape(B, H * G, 1), before.reshape(B, H * G, 1, D)
+    with torch.no_grad():
+        P = torch.maximum(P_local, P_group)
+    out = torch.exp(P_group - P).unsqueeze(-1) * before + torch.exp(P_local - P).unsqueeze(-1) * local
+    return P.reshape(B, H, G * group)[:, :, :C], out.reshape(B, H, G * group, D)[:, :, :C]
+
+
+def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
+    """The chunked causal form with every chunk at once: masked products inside each chunk,
+    and the state the earlier chunks carry as weighted sums of the chunks' own sums (each
+    kept at its own maximum and rescaled as the C core rescales its state;
+    :func:`_exclusive_prefix`), so there is no loop over chunks in Python. Same values as
+    :func:`_causal_loop` to rounding."""
+    B, H, N, F = fq.shape
+    e = v.shape[-1]
+    C = -(-N // chunk)
+    pad = C * chunk - N
+    if pad:  # padded keys weigh exp(-inf) = 0; padded query rows are dropped at the end
+        fq, fk, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (fq, fk, v))
+        sk = torch.nn.functional.pad(sk, (0, pad), value=-math.inf)
+    fq, fk, v = fq.reshape(B, H, C, chunk, F), fk.reshape(B, H, C, chunk, F), v.reshape(B, H, C, chunk, e)
+    sk = sk.reshape(B, H, C, chunk)
+    # an empty prefix has scale "minus infinity"; a finite stand-in keeps exp() free of inf - inf
+    low = torch.finfo(sk.dtype).min / 4
+    with torch.no_grad():
+        m = sk.amax(-1).clamp(min=low)                              # each chunk's own maximum
+    w = torch.exp(sk - m.unsqueeze(-1))
+    # a column of ones beside the values: one product gives a numerator and its denominator
+    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)
+    # each chunk's sums S (F x e) and z (F), and R, at its scale m, side by side
+    Sz = fk.transpose(-1, -2) @ (w.unsqueeze(-1) * v1)
+    sums = torch.cat([Sz.reshape(B, H, C, F * (e + 1)), w.sum(-1, keepdim=True)], -1)
+    P, carried = _exclusive_prefix(m, sums, low)
+    Sz, R = carried[..., :-1].reshape(B, H, C, F, e + 1), carried[..., -1]
+    with torch.no_grad():                                           # each row's visible maximum
+        Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
+    alpha = torch.exp(P.unsqueeze(-1) - Mi)
+    tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
+    E = torch.exp(sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill(~tril, 0.0)
+    A = (fq @ fk.transpose(-1, -2)) * E
+    nd = A @ v1 + alpha.unsqueeze(-1) * (fq @ Sz)
+    out = _normalise(nd[..., :e], nd[..., e], E.sum(-1) + alpha * R.unsqueeze(-1), eps)
+    return out.reshape(B, H, C * chunk, e)[:, :, :N]
+
+
 def _softmax(q, k, v, causal, key_mask, scale=None):
     logits = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     visible = torch.ones(logits.shape[-2:], dtype=torch.bool, device=q.device)
@@ -165,7 +206,8 @@ def _softmax(q, k, v, causal, key_mask, scale=None):
 
 def torch_attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Dict[str, Tensor], *, causal: bool = False,
                     key_mask: Optional[Tensor] = None, eps: float = EPS) -> Tensor:
-    """The pure-PyTorch implementation of every kind (any device and dtype).
+    """The pure-PyTorch implementation of every kind (any device and dtype; float16 and
+    bfloat16 inputs are computed in float32 and the output cast back).
 
     Parameters
     ----------
@@ -187,6 +229,12 @@ def torch_attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Dict[str
     >>> bool(np.allclose(out.numpy(), ff.softmax_attention(q.numpy(), k.numpy(), v.numpy(), causal=True)))
     True
     """
+    if q.dtype in (torch.float16, torch.bfloat16):
+        # half precision: features, sums and the state in float32 (their sums lose the
+        # small terms, and exp of the key weights overflows float16), the output cast back
+        wide = {n: p.float() for n, p in params.items()}
+        out = torch_attention(kind, q.float(), k.float(), v.float(), wide, causal=causal, key_mask=key_mask, eps=eps)
+        return out.to(q.dtype)
     if q.shape[2] == 0 or k.shape[2] == 0:
         # no rows, or no keys: zero rows, as the C kernels give, kept on the autograd graph
         # (the sums are over empty tensors, so exactly 0)
@@ -291,5 +339,4 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
                          + ", ".join(f"{t.dtype} on {t.device}" for t in tensors))
     if not use_c:
         return torch_attention(kind, q, k, v, {n: params[n] for n in names}, causal=causal, key_mask=key_mask)
-    mask_np = None if key_mask is None else key_mask.detach().cpu().numpy()
-    return _KernelFunction.apply(kind, tuple(names), bool(causal), mask_np, q, k, v, *(params[n] for n in names))
+    return kernel_attention(kind, q, k, v, [params[n] for n in names], causal=bool(causal), key_mask=key_mask)

@@ -1,16 +1,24 @@
-"""torch.nn versions of :mod:`flexformer.nn`, parameter for parameter.
+"""torch.nn versions of :mod:`flexformer.nn`, following torch's conventions.
 
-Every module here has the NumPy model's parameter names, shapes and layout (``Linear.W``
-is (in, out) as in NumPy, not torch's (out, in)), so ``model.state_dict()`` keys are the
-NumPy model's ``parameters()`` names and checkpoints move both ways
-(:func:`from_numpy_checkpoint`, :func:`save_numpy_checkpoint`). Attention runs through
-:func:`flexformer.torch.attention` (C kernels on CPU, PyTorch elsewhere).
+The layers are torch's own where torch has one (``nn.Linear`` with its (out, in) weight,
+``nn.LayerNorm``, ``nn.Embedding``), take ``device=`` and ``dtype=`` as factory
+arguments and have ``reset_parameters()``. :class:`MultiHeadAttention` is a drop-in
+attention layer in the spirit of ``torch.nn.MultiheadAttention`` (batch first,
+``forward(query, key=None, value=None, key_padding_mask=None)``, cross-attention
+included) over any attention kind of the registry, through
+:func:`flexformer.torch.attention` (the C kernels on CPU, PyTorch elsewhere).
+
+The models mirror the NumPy models layer for layer, so a checkpoint moves both ways
+(:func:`from_numpy_checkpoint`, :func:`save_numpy_checkpoint`): :func:`numpy_names` maps
+each torch parameter to its NumPy name, transposing the linear layers' weights (NumPy's
+``W`` is (in, out)) and renaming ``weight``/``bias`` to ``W``/``b`` (``gamma``/``beta``
+for LayerNorm). Values cross unchanged, bit for bit, in float32 and float64.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -20,68 +28,63 @@ from ..nn.core import check_short_conv
 from ..registry import get_attention
 from .functional import attention
 
-_GELU_C = math.sqrt(2.0 / math.pi)
+
+def _numpy_dtype(dtype) -> type:
+    """The NumPy dtype an initialiser draws in (float64 for float64, else float32)."""
+    return np.float64 if dtype == torch.float64 else np.float32
 
 
-class Linear(nn.Module):
-    """y = x W + b with W (in, out), like flexformer.nn.Linear."""
+class Linear(nn.Linear):
+    """``torch.nn.Linear`` (weight (out, in)) initialised as the NumPy layer: weight ~
+    N(0, 1/in), bias 0."""
 
-    def __init__(self, d_in: int, d_out: int, *, bias: bool = True, dtype=torch.float32):
-        super().__init__()
-        self.W = nn.Parameter(torch.randn(d_in, d_out, dtype=dtype) / math.sqrt(d_in))
-        self.b = nn.Parameter(torch.zeros(d_out, dtype=dtype)) if bias else None
-
-    def forward(self, x):
-        y = x @ self.W
-        return y + self.b if self.b is not None else y
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.normal_(0.0, 1.0 / math.sqrt(self.in_features))
+            if self.bias is not None:
+                self.bias.zero_()
 
 
-class LayerNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5, dtype=torch.float32):
-        super().__init__()
-        self.eps = eps
-        self.gamma = nn.Parameter(torch.ones(dim, dtype=dtype))
-        self.beta = nn.Parameter(torch.zeros(dim, dtype=dtype))
+class Embedding(nn.Embedding):
+    """``torch.nn.Embedding`` initialised as the NumPy layer: N(0, 0.02^2)."""
 
-    def forward(self, x):
-        mu = x.mean(-1, keepdim=True)
-        xc = x - mu
-        return xc / torch.sqrt((xc * xc).mean(-1, keepdim=True) + self.eps) * self.gamma + self.beta
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.normal_(0.0, 0.02)
 
 
 class MLP(nn.Module):
     """Linear -> GELU (tanh form, as the NumPy layer) -> Linear."""
 
-    def __init__(self, dim: int, hidden: int, dtype=torch.float32):
+    def __init__(self, dim: int, hidden: int, *, device=None, dtype=None):
         super().__init__()
-        self.fc1 = Linear(dim, hidden, dtype=dtype)
-        self.fc2 = Linear(hidden, dim, dtype=dtype)
+        self.fc1 = Linear(dim, hidden, device=device, dtype=dtype)
+        self.fc2 = Linear(hidden, dim, device=device, dtype=dtype)
 
     def forward(self, x):
-        h = self.fc1(x)
-        return self.fc2(0.5 * h * (1.0 + torch.tanh(_GELU_C * (h + 0.044715 * h ** 3))))
-
-
-class Embedding(nn.Module):
-    def __init__(self, vocab: int, dim: int, dtype=torch.float32):
-        super().__init__()
-        self.W = nn.Parameter(torch.randn(vocab, dim, dtype=dtype) * 0.02)
-
-    def forward(self, ids):
-        return self.W[ids]
+        return self.fc2(nn.functional.gelu(self.fc1(x), approximate="tanh"))
 
 
 class PositionalEncoding(nn.Module):
-    def __init__(self, max_len: int, dim: int, *, learned: bool = True, dtype=torch.float32):
+    """Adds a learned (max_len, dim) table ``P`` or the fixed sinusoidal one."""
+
+    def __init__(self, max_len: int, dim: int, *, learned: bool = True, device=None, dtype=None):
         super().__init__()
         from ..nn.core import sinusoidal_positions
 
         self.max_len, self.learned = max_len, learned
         if learned:
-            self.P = nn.Parameter(torch.randn(max_len, dim, dtype=dtype) * 0.02)
+            self.P = nn.Parameter(torch.empty(max_len, dim, device=device, dtype=dtype))
         else:
-            self.register_buffer("table", torch.from_numpy(sinusoidal_positions(np.arange(max_len), dim)).to(dtype),
+            table = torch.from_numpy(sinusoidal_positions(np.arange(max_len), dim))
+            self.register_buffer("table", table.to(device=device, dtype=dtype or torch.get_default_dtype()),
                                  persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.learned:
+            with torch.no_grad():
+                self.P.normal_(0.0, 0.02)
 
     def forward(self, x):
         N = x.shape[1]
@@ -92,14 +95,29 @@ class PositionalEncoding(nn.Module):
 
 class KernelParams(nn.Module):
     """The attention kind's own parameters (names as in the registry); the ones the kind
-    does not learn (rfa's and performer's omega) have requires_grad False."""
+    does not learn (rfa's and performer's omega) have requires_grad False. Drawn by the
+    kind's initialiser from the seed ``rng`` (in float32, or float64 for float64)."""
 
-    def __init__(self, kind: str, values: Dict[str, np.ndarray]):
+    def __init__(self, kind: str, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
+                 max_len: int = 512, kernel_init: Optional[dict] = None, rng: int = 0, device=None, dtype=None):
         super().__init__()
+        self.kind, self._init_args = kind, (num_heads, head_dim, num_features, max_len, dict(kernel_init or {}), rng)
         spec = get_attention(kind)
         for name in spec.params:
-            setattr(self, name, nn.Parameter(torch.from_numpy(np.array(values[name])),
+            setattr(self, name, nn.Parameter(torch.empty(0, device=device, dtype=dtype),
                                              requires_grad=name in spec.learnable))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        spec = get_attention(self.kind)
+        heads, head_dim, num_features, max_len, kernel_init, rng = self._init_args
+        first = getattr(self, spec.params[0]) if spec.params else None
+        options = {k: v for k, v in kernel_init.items() if k in spec.init_options}
+        values = spec.init(heads, head_dim, num_features=num_features, max_len=max_len, rng=rng,
+                           dtype=_numpy_dtype(first.dtype if first is not None else None), **options)
+        for name in spec.params:
+            p = getattr(self, name)
+            p.data = torch.from_numpy(np.array(values[name])).to(device=p.device, dtype=p.dtype)
 
     def values(self) -> Dict[str, torch.Tensor]:
         return dict(self.named_parameters())
@@ -109,11 +127,15 @@ class ShortConv(nn.Module):
     """Causal depthwise convolution along the sequence, like flexformer.nn.ShortConv:
     y[:, t] = sum_{j < width} w[j] * x[:, t - j]; w (width, dim) starts as the identity."""
 
-    def __init__(self, dim: int, width: int, dtype=torch.float32):
+    def __init__(self, dim: int, width: int, *, device=None, dtype=None):
         super().__init__()
-        w = torch.zeros(width, dim, dtype=dtype)
-        w[0] = 1
-        self.w = nn.Parameter(w)
+        self.w = nn.Parameter(torch.empty(width, dim, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.w.zero_()
+            self.w[0] = 1
 
     def forward(self, x):
         y = x * self.w[0]
@@ -123,21 +145,36 @@ class ShortConv(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Q/K/V/output projections around one attention kind (Linformer: per-head E and F
-    only; its shared variants stay in the NumPy model), with the NumPy layer's optional
-    short convolutions on queries, keys and values.
+    """Multi-head attention over any attention kind, in the spirit of ``torch.nn.MultiheadAttention``.
+
+    Query, key and value projections, the kind's attention per head, an output
+    projection; batch first: inputs and output are (B, N, dim). With only ``query`` it is
+    self-attention; ``key`` and ``value`` (B, Nk, dim) make it cross-attention (causal
+    attention needs Nq == Nk). Unlike ``torch.nn.MultiheadAttention`` it returns the
+    output alone: linear attention never forms the attention weights.
 
     Parameters
     ----------
     dim, num_heads : int
-    attention_kind : str
+        Model width and heads (dim divisible by num_heads).
+    attention_kind : str, optional
+        A kind from ``flexformer.attention_kinds()`` (default ``"flex_n"``).
     causal : bool, optional
+        Query i sees keys j <= i.
     max_len : int, optional
-        Linformer's Nmax.
+        Linformer's Nmax (the longest key sequence).
     num_features : int, optional
+        m for the feature-map kinds, kp for Linformer.
     kernel_init : dict, optional
+        The kind's initialisation options (``scale``, ``spread``, ...).
     rng : int, optional
-    dtype : torch.dtype, optional
+        Seed of the kind's parameters.
+    backend : {"auto", "c", "torch"}, optional
+        As in :func:`flexformer.torch.attention`.
+    short_conv : int, optional
+        Width of causal depthwise convolutions on queries, keys and values (0: none).
+    device, dtype : optional
+        Factory arguments, as torch's layers take them.
 
     Examples
     --------
@@ -146,43 +183,76 @@ class MultiHeadAttention(nn.Module):
     >>> mha = MultiHeadAttention(16, 2, "flex_n", causal=True)
     >>> mha(torch.randn(2, 8, 16)).shape
     torch.Size([2, 8, 16])
+
+    Cross-attention, with torch's padding mask (True marks keys to ignore):
+
+    >>> cross = MultiHeadAttention(16, 2, "flex_s", dtype=torch.float64)
+    >>> memory = torch.randn(2, 12, 16, dtype=torch.float64)
+    >>> pad = torch.zeros(2, 12, dtype=torch.bool); pad[1, 9:] = True
+    >>> cross(torch.randn(2, 5, 16, dtype=torch.float64), memory, memory, key_padding_mask=pad).shape
+    torch.Size([2, 5, 16])
     """
 
-    def __init__(self, dim: int, num_heads: int, attention_kind: str, *, causal: bool = False, max_len: int = 512,
-                 num_features: Optional[int] = None, kernel_init: Optional[dict] = None, rng=0,
-                 dtype=torch.float32, backend: str = "auto", short_conv: int = 0):
+    def __init__(self, dim: int, num_heads: int, attention_kind: str = "flex_n", *, causal: bool = False,
+                 max_len: int = 512, num_features: Optional[int] = None, kernel_init: Optional[dict] = None,
+                 rng: int = 0, backend: str = "auto", short_conv: int = 0, device=None, dtype=None):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        get_attention(attention_kind)  # a ValueError naming the kinds, before any allocation
         check_short_conv(short_conv, integer_types=int)
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
+        factory = dict(device=device, dtype=dtype)
         for name in ("q", "k", "v", "o"):
-            setattr(self, name, Linear(dim, dim, dtype=dtype))
+            setattr(self, name, Linear(dim, dim, **factory))
         self.short_conv = short_conv
         if short_conv:
             for name in ("q", "k", "v"):
-                setattr(self, "conv_" + name, ShortConv(dim, short_conv, dtype=dtype))
-        np_dtype = np.float64 if dtype == torch.float64 else np.float32
-        spec = get_attention(attention_kind)
-        options = {k: v for k, v in (kernel_init or {}).items() if k in spec.init_options}
-        init = spec.init(num_heads, self.dh, num_features=num_features, max_len=max_len, rng=rng, dtype=np_dtype,
-                         **options)
-        self.attn = KernelParams(attention_kind, init)
+                setattr(self, "conv_" + name, ShortConv(dim, short_conv, **factory))
+        self.attn = KernelParams(attention_kind, num_heads, self.dh, num_features=num_features, max_len=max_len,
+                                 kernel_init=kernel_init, rng=rng, **factory)
+
+    def reset_parameters(self) -> None:
+        for module in self.children():
+            module.reset_parameters()
 
     def _split(self, x):
         B, N, _ = x.shape
         return x.reshape(B, N, self.heads, self.dh).transpose(1, 2)
 
-    def _projection(self, name: str, x, key_mask):
+    def _projection(self, name: str, x, mask):
         y = getattr(self, name)(x)
         if self.short_conv:
-            if key_mask is not None:  # padding enters the window as zeros
-                y = y * key_mask.to(y.dtype).unsqueeze(-1)
+            if mask is not None:  # padding enters the window as zeros
+                y = y * mask.to(y.dtype).unsqueeze(-1)
             y = getattr(self, "conv_" + name)(y)
         return self._split(y)
 
-    def forward(self, x, key_mask=None):
-        q, k, v = (self._projection(name, x, key_mask) for name in "qkv")
+    def forward(self, query, key=None, value=None, key_padding_mask=None, *, key_mask=None):
+        """Attention output (B, Nq, dim).
+
+        Parameters
+        ----------
+        query : Tensor (B, Nq, dim)
+        key, value : Tensor (B, Nk, dim), optional
+            Default: ``query`` (self-attention); ``value`` defaults to ``key``.
+        key_padding_mask : bool Tensor (B, Nk), optional
+            torch's convention: True marks a key to ignore.
+        key_mask : bool Tensor (B, Nk), optional
+            flexformer's convention: True marks a key to attend to (give one of the two).
+        """
+        if key_padding_mask is not None and key_mask is not None:
+            raise ValueError("give key_padding_mask (True = ignore) or key_mask (True = attend), not both")
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool:
+                raise TypeError(f"key_padding_mask must be a bool tensor, got {key_padding_mask.dtype}")
+            key_mask = ~key_padding_mask
+        self_attention = key is None
+        key = query if key is None else key
+        value = key if value is None else value
+        q = self._projection("q", query, key_mask if self_attention else None)
+        k = self._projection("k", key, key_mask)
+        v = self._projection("v", value, key_mask)
         out = attention(self.kind, q, k, v, self.attn.values(), causal=self.causal, key_mask=key_mask,
                         backend=self.backend)
         B, H, N, dh = out.shape
@@ -192,32 +262,36 @@ class MultiHeadAttention(nn.Module):
 class Block(nn.Module):
     """Pre-LN residual block, as flexformer.nn.Block."""
 
-    def __init__(self, dim: int, num_heads: int, attention_kind: str, *, mlp_ratio: int = 4, dtype=torch.float32,
-                 **kw):
+    def __init__(self, dim: int, num_heads: int, attention_kind: str, *, mlp_ratio: int = 4, device=None,
+                 dtype=None, **kw):
         super().__init__()
-        self.ln1 = LayerNorm(dim, dtype=dtype)
-        self.attn = MultiHeadAttention(dim, num_heads, attention_kind, dtype=dtype, **kw)
-        self.ln2 = LayerNorm(dim, dtype=dtype)
-        self.mlp = MLP(dim, mlp_ratio * dim, dtype=dtype)
+        factory = dict(device=device, dtype=dtype)
+        self.ln1 = nn.LayerNorm(dim, eps=1e-5, **factory)
+        self.attn = MultiHeadAttention(dim, num_heads, attention_kind, **factory, **kw)
+        self.ln2 = nn.LayerNorm(dim, eps=1e-5, **factory)
+        self.mlp = MLP(dim, mlp_ratio * dim, **factory)
 
     def forward(self, x, key_mask=None):
-        x = x + self.attn(self.ln1(x), key_mask)
+        x = x + self.attn(self.ln1(x), key_mask=key_mask)
         return x + self.mlp(self.ln2(x))
 
 
 class Backbone(nn.Module):
+    """Embedding, positions, pre-LN blocks and a final LayerNorm, as flexformer.nn's."""
+
     def __init__(self, vocab, dim, depth, heads, max_len, attention_kind, *, causal, positional, mlp_ratio,
-                 num_features, dtype, backend, kernel_init=None, short_conv=0):
+                 num_features, backend, kernel_init=None, short_conv=0, device=None, dtype=None):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
-        self.embed = Embedding(vocab, dim, dtype=dtype)
-        self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", dtype=dtype)
-        self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, dtype=dtype, causal=causal,
+        factory = dict(device=device, dtype=dtype)
+        self.embed = Embedding(vocab, dim, **factory)
+        self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", **factory)
+        self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, causal=causal,
                                            max_len=max_len, num_features=num_features, kernel_init=kernel_init, rng=i,
-                                           backend=backend, short_conv=short_conv)
+                                           backend=backend, short_conv=short_conv, **factory)
                                      for i in range(depth)])
-        self.norm = LayerNorm(dim, dtype=dtype)
+        self.norm = nn.LayerNorm(dim, eps=1e-5, **factory)
 
     def forward(self, ids, key_mask=None):
         x = self.pos(self.embed(ids))
@@ -231,13 +305,21 @@ class _Model(nn.Module):
 
     def __init__(self, vocab: int, out_dim: int, causal: bool, *, dim: int = 64, depth: int = 2, heads: int = 4,
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
-                 num_features: Optional[int] = None, kernel_init: Optional[dict] = None, dtype=torch.float32,
-                 backend: str = "auto", short_conv: int = 0):
+                 num_features: Optional[int] = None, kernel_init: Optional[dict] = None, backend: str = "auto",
+                 short_conv: int = 0, device=None, dtype=None):
         super().__init__()
+        factory = dict(device=device, dtype=dtype)
         self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=causal, positional=positional,
-                                 mlp_ratio=mlp_ratio, num_features=num_features, dtype=dtype, backend=backend,
-                                 kernel_init=kernel_init, short_conv=short_conv)
-        self.head = Linear(dim, out_dim, dtype=dtype)
+                                 mlp_ratio=mlp_ratio, num_features=num_features, backend=backend,
+                                 kernel_init=kernel_init, short_conv=short_conv, **factory)
+        self.head = Linear(dim, out_dim, **factory)
+
+    def reset_parameters(self) -> None:
+        """Draw every parameter again, as a new model would (the kinds' parameters from
+        the same seeds)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
 
 
 class EncoderClassifier(_Model):
@@ -347,6 +429,44 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     return EncoderClassifier(vocab, num_classes, **common)
 
 
+def numpy_names(model: nn.Module) -> Dict[str, Tuple[str, bool]]:
+    """torch parameter name -> (NumPy parameter name, transposed) for a model of this module.
+
+    Linear layers' ``weight`` (out, in) is NumPy's ``W`` (in, out), transposed, and ``bias``
+    is ``b``; LayerNorm's ``weight`` and ``bias`` are ``gamma`` and ``beta``; an
+    Embedding's ``weight`` is ``W``; every other parameter keeps its name.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+
+    Returns
+    -------
+    dict of str to (str, bool)
+
+    Examples
+    --------
+    >>> from flexformer.torch import MultiHeadAttention
+    >>> from flexformer.torch.nn import numpy_names
+    >>> names = numpy_names(MultiHeadAttention(8, 2, "flex_s"))
+    >>> names["q.weight"], names["q.bias"], names["attn.omega"]
+    (('q.W', True), ('q.b', False), ('attn.omega', False))
+    """
+    names = {}
+    for prefix, module in model.named_modules():
+        dot = prefix + "." if prefix else ""
+        for pname, _ in module.named_parameters(recurse=False):
+            if isinstance(module, nn.Linear):
+                names[dot + pname] = (dot + {"weight": "W", "bias": "b"}[pname], pname == "weight")
+            elif isinstance(module, nn.LayerNorm):
+                names[dot + pname] = (dot + {"weight": "gamma", "bias": "beta"}[pname], False)
+            elif isinstance(module, nn.Embedding):
+                names[dot + pname] = (dot + "W", False)
+            else:
+                names[dot + pname] = (dot + pname, False)
+    return names
+
+
 def load_numpy_parameters(model: nn.Module, params: Dict[str, np.ndarray]) -> None:
     """Copy NumPy parameters in by name; every parameter must be present with its shape.
 
@@ -355,14 +475,12 @@ def load_numpy_parameters(model: nn.Module, params: Dict[str, np.ndarray]) -> No
     model : torch.nn.Module
         A model of :mod:`flexformer.torch.nn`.
     params : dict of ndarray
-        Under the NumPy model's names.
+        Under the NumPy model's names and layouts (:func:`numpy_names`).
 
     Raises
     ------
-    KeyError
-        A parameter is missing.
     ValueError
-        A shape differs.
+        A name is missing or unexpected, or a shape differs.
 
     Examples
     --------
@@ -378,21 +496,26 @@ def load_numpy_parameters(model: nn.Module, params: Dict[str, np.ndarray]) -> No
     >>> float(sum(abs(p).sum() for p in numpy_parameters(model).values()))
     0.0
     """
-    state = model.state_dict()
-    missing = [n for n in state if n not in params]
-    extra = [n for n in params if n not in state]
+    names = numpy_names(model)
+    expected = {np_name for np_name, _ in names.values()}
+    missing = sorted(expected - set(params))
+    extra = sorted(set(params) - expected)
     if missing or extra:
         raise ValueError(f"parameter names differ: missing {missing[:5]}, unexpected {extra[:5]}")
     with torch.no_grad():
-        for name, t in state.items():
-            src = np.asarray(params[name])
-            if tuple(src.shape) != tuple(t.shape):
-                raise ValueError(f"parameter {name!r} has shape {tuple(t.shape)}, got {src.shape}")
-            t.copy_(torch.from_numpy(np.array(src)))
+        for name, p in model.named_parameters():
+            np_name, transposed = names[name]
+            src = np.asarray(params[np_name])
+            src = src.T if transposed else src
+            if tuple(src.shape) != tuple(p.shape):
+                raise ValueError(f"parameter {np_name!r} has shape {tuple(src.T.shape if transposed else src.shape)} "
+                                 f"in NumPy's layout; the model needs {tuple(p.T.shape if transposed else p.shape)}")
+            p.copy_(torch.from_numpy(np.ascontiguousarray(src)))
 
 
 def numpy_parameters(model: nn.Module) -> Dict[str, np.ndarray]:
-    """The model's parameters as NumPy arrays under the NumPy model's names.
+    """The model's parameters as NumPy arrays under the NumPy model's names and layouts
+    (:func:`numpy_names`); bfloat16 and float16 parameters come out as float32.
 
     Parameters
     ----------
@@ -411,10 +534,19 @@ def numpy_parameters(model: nn.Module) -> Dict[str, np.ndarray]:
     ...           progress=False)
     >>> from flexformer.torch import from_numpy_checkpoint, numpy_parameters
     >>> model, cfg = from_numpy_checkpoint(run)
-    >>> "head.W" in numpy_parameters(model)
-    True
+    >>> numpy_parameters(model)["head.W"].shape, tuple(model.head.weight.shape)
+    ((16, 10), (10, 16))
     """
-    return {n: t.detach().cpu().numpy().copy() for n, t in model.state_dict().items()}
+    names = numpy_names(model)
+    out = {}
+    for name, p in model.named_parameters():
+        np_name, transposed = names[name]
+        value = p.detach()
+        if value.dtype in (torch.bfloat16, torch.float16):
+            value = value.float()
+        value = value.cpu().numpy()
+        out[np_name] = np.ascontiguousarray(value.T if transposed else value).copy()
+    return out
 
 
 def from_numpy_checkpoint(path: str, *, backend: str = "auto"):
@@ -486,4 +618,5 @@ def save_numpy_checkpoint(model: nn.Module, cfg, path: str, *, step: int = 0) ->
 
     checkpoint.save(path, numpy_parameters(model), {}, {"step": int(step), "config": dataclasses.asdict(cfg)})
 
-__all__ = ["CausalLM", "EncoderClassifier", "MultiHeadAttention", "from_numpy_checkpoint", "load_numpy_parameters", "model_for_config", "numpy_parameters", "save_numpy_checkpoint"]
+__all__ = ["CausalLM", "EncoderClassifier", "MultiHeadAttention", "from_numpy_checkpoint", "load_numpy_parameters",
+           "model_for_config", "numpy_names", "numpy_parameters", "save_numpy_checkpoint"]

@@ -36,7 +36,7 @@ from ..training import TrainConfig
 from ..training.loop import batch_for, batch_tokens, build_data, build_model, prepare_run_folder
 from ..training.optim import lr_at
 from ..__main__ import kernel_init_args
-from .nn import load_numpy_parameters, model_for_config, save_numpy_checkpoint
+from .nn import load_numpy_parameters, model_for_config, numpy_names, save_numpy_checkpoint
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -92,10 +92,12 @@ def _slice(batch, lo: int, hi: int):
 def _param_groups(model, weight_decay: float):
     """Decay like the NumPy AdamW: not on biases, norms or attention-kernel parameters."""
     decay, rest = [], []
+    names = numpy_names(model)
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        skip = name.endswith((".b", ".gamma", ".beta")) or ".attn.attn." in name
+        np_name = names[name][0]
+        skip = np_name.endswith((".b", ".gamma", ".beta")) or ".attn.attn." in np_name
         (rest if skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 

@@ -1,0 +1,86 @@
+"""The PyTorch backend's causal form: every chunk at once (a log-depth scan carries the
+state) gives the one-chunk-after-another reference and the C kernels to rounding, stays
+finite where key weights jump by hundreds in the exponent, and runs bfloat16 and float16
+inputs with float32 sums."""
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flexformer as ff  # noqa: E402
+from flexformer.torch import attention  # noqa: E402
+from flexformer.torch import functional  # noqa: E402
+from flexformer.torch.functional import _causal_chunked, _causal_loop  # noqa: E402
+
+
+def _split_features(B, H, N, F, e, seed, jump=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
+    fq = unit(torch.randn(B, H, N, F, generator=gen, dtype=torch.float64))
+    fk = unit(torch.rand(B, H, N, F, generator=gen, dtype=torch.float64) + 0.05)
+    sk = 3 * torch.randn(B, H, N, generator=gen, dtype=torch.float64)
+    sk[0, 0, N // 2:] += jump
+    v = torch.randn(B, H, N, e, generator=gen, dtype=torch.float64)
+    return fq, fk, sk, v
+
+
+@pytest.mark.parametrize("N", [1, 5, 63, 64, 65, 200, 513])
+@pytest.mark.parametrize("jump", [0.0, 400.0])
+def test_chunks_together_equal_chunks_in_turn(N, jump):
+    fq, fk, sk, v = _split_features(2, 3, N, 6, 4, seed=N, jump=jump)
+    sk[1, :, : min(3, N)] = -math.inf           # masked keys, a row that sees none
+    want = _causal_loop(fq, fk, sk, v, 1e-4, 64)
+    got = _causal_chunked(fq, fk, sk, v, 1e-4, 64)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
+    leaves = [x.clone().requires_grad_() for x in (fq, fk, v)]
+    g_want = torch.autograd.grad(_causal_loop(leaves[0], leaves[1], sk, leaves[2], 1e-4, 64).sum(), leaves)
+    g_got = torch.autograd.grad(_causal_chunked(leaves[0], leaves[1], sk, leaves[2], 1e-4, 64).sum(), leaves)
+    for a, b in zip(g_got, g_want):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-9 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", ["flex_n", "flex_s", "performer", "hedgehog", "taylor"])
+def test_torch_backend_matches_the_c_kernels_causal(kind):
+    spec = ff.get_attention(kind)
+    init = spec.init(2, 8, num_features=8, rng=0)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(2, 2, 300, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(2, 300, dtype=torch.bool)
+    mask[1, 280:] = False
+    params = {n: torch.tensor(p) for n, p in init.items()}
+    got = attention(kind, q, k, v, params, causal=True, key_mask=mask, backend="torch")
+    want = attention(kind, q, k, v, params, causal=True, key_mask=mask, backend="c")
+    assert torch.allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_keep_float32_sums(dtype):
+    init = ff.get_attention("flex_n").init(2, 16, rng=0)
+    gen = torch.Generator().manual_seed(0)
+    x = [0.5 * torch.randn(1, 2, 1000, 16, generator=gen) for _ in range(3)]
+    want = ff.flex_n_attention(*(t.double().numpy() for t in x), *init.values(), causal=True)
+    leaves = [t.to(dtype).requires_grad_() for t in x]
+    params = {n: torch.tensor(p, dtype=dtype, requires_grad=True) for n, p in init.items()}
+    out = attention("flex_n", *leaves, params, causal=True)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    # the inputs' own rounding (8 or 11 bits) bounds the error, not the sums over 1,000 keys
+    tol = 0.05 if dtype == torch.bfloat16 else 0.01
+    assert np.abs(out.double().detach().numpy() - want).max() <= tol * np.abs(want).max()
+    out.float().square().sum().backward()
+    assert all(torch.isfinite(p.grad.float()).all() for p in (*leaves, *params.values()))
+
+
+@pytest.mark.parametrize("group", [2, 3, 64])
+def test_many_chunks_in_groups_equal_chunks_in_turn(monkeypatch, group):
+    """Past ``group`` chunks the carried sums come from groups of chunks and the groups'
+    totals (two levels or more): the same values as one chunk after another."""
+    fq, fk, sk, v = _split_features(1, 2, 64 * 21 + 5, 6, 4, seed=group, jump=300.0)
+    sk[0, 1, :100] = -math.inf
+    plain = functional._exclusive_prefix
+    monkeypatch.setattr(functional, "_exclusive_prefix", lambda m, X, low, g=group: plain(m, X, low, group))
+    got = _causal_chunked(fq, fk, sk, v, 1e-4, 64)
+    want = _causal_loop(fq, fk, sk, v, 1e-4, 64)
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
