@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 IMPLS = ("c", "torch", "torch_loop", "torch_bf16", "sdpa")
 
 WORKER = r"""
-import json, sys, time
+import json, sys
 import numpy as np, torch
 import flexformer as ff
 from flexformer.torch import attention
@@ -70,14 +70,8 @@ err = None
 if impl != "sdpa":
     got = out.detach().double().cpu().numpy()
     err = float(np.abs(got - want).max() / np.abs(want).max())
-for _ in range(2):
-    run()
-times = []
-for _ in range(repeats):
-    t0 = time.perf_counter()
-    run()
-    times.append(time.perf_counter() - t0)
-print(json.dumps({"impl": impl, "seconds": float(np.median(times)), "rel_err": err}))
+from flexformer._timing import median_seconds
+print(json.dumps({"impl": impl, "seconds": median_seconds(run, repeats, warmup=2), "rel_err": err}))
 """
 
 
