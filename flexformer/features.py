@@ -46,39 +46,84 @@ def flex_s_features_grad(x, p, df, ds):
     return {"omega": np.einsum("bhtm,bhtd->hmd", du, x)}
 
 
-_SINCOS = {}
+_FOURIER = {}
 
 
-def sincos_torch(torch, u):
-    """(cos u, sin u), each evaluated once: the backward reuses them (torch's own cos and
-    sin evaluate sin and cos again for their gradients, a third of the torch feature maps'
-    time). Differentiable to any order."""
-    fn = _SINCOS.get(torch)
+def fourier_features_torch(torch, x, W, pairs: int):
+    """f = (pairs^2 m)^-1/2 [sum_p cos(W_p x), sum_p sin(W_p x)] for W (H, pairs * m, d):
+    ``pairs`` = 1 is the flex_s map, 2 the flex_n map (W = [omega1; omega2]).
+
+    One autograd node in place of a dozen: the forward writes cos and sin into one buffer
+    that the backward reuses (torch's own cos and sin evaluate each other again for their
+    gradients), and the backward forms du = df_sin cos - df_cos sin in one pass before the two
+    products dx = du W and dW = du^T x. Under ``create_graph`` the backward evaluates the
+    same formulas with differentiable operations, so it is differentiable to any order."""
+    fn = _FOURIER.get(torch)
     if fn is None:
-        class SinCos(torch.autograd.Function):
+        class FourierFeatures(torch.autograd.Function):
             @staticmethod
-            def forward(u):
-                return u.cos(), u.sin()
+            def forward(x, W, pairs):
+                B, H, N, _ = x.shape
+                m = W.shape[1] // pairs
+                # buffers stay below glibc's 32 MiB mmap limit where they can: a larger block
+                # is mapped afresh, and its page faults cost more than the arithmetic
+                u = torch.matmul(x, W.transpose(-1, -2).unsqueeze(0))
+                f = torch.empty(B, H, N, 2, m, dtype=x.dtype, device=x.device)
+                if pairs == 1:
+                    torch.cos(u, out=f[:, :, :, 0])
+                    torch.sin(u, out=f[:, :, :, 1])
+                    c = s = None
+                else:
+                    c = torch.cos(u).view(B, H, N, pairs, m)
+                    s = torch.sin(u, out=u).view(B, H, N, pairs, m)
+                    torch.sum(c, -2, out=f[:, :, :, 0])
+                    torch.sum(s, -2, out=f[:, :, :, 1])
+                return f.mul_(1.0 / (pairs * math.sqrt(m))).view(B, H, N, 2 * m), c, s
 
             @staticmethod
             def setup_context(ctx, inputs, output):
-                ctx.save_for_backward(*output)
+                x, W, pairs = inputs
+                f, c, s = output
+                ctx.pairs = pairs
+                if pairs == 1:
+                    ctx.save_for_backward(x, W, f)
+                else:
+                    ctx.mark_non_differentiable(c, s)
+                    ctx.save_for_backward(x, W, c, s)
 
             @staticmethod
-            def backward(ctx, dc, ds):
-                c, s = ctx.saved_tensors
-                du = torch.zeros_like(c) if dc is None else -dc * s
-                return du if ds is None else du + ds * c
+            def backward(ctx, df, *_):
+                x, W, *cs = ctx.saved_tensors
+                pairs = ctx.pairs
+                B, H, N, _ = x.shape
+                m = W.shape[1] // pairs
+                scale = 1.0 / (pairs * math.sqrt(m))
+                df = df.reshape(B, H, N, 2, 1, m)
+                if torch.is_grad_enabled():   # create_graph: the same formulas, differentiable
+                    u = torch.matmul(x, W.transpose(-1, -2).unsqueeze(0)).view(B, H, N, pairs, m)
+                    du = (df[:, :, :, 1] * torch.cos(u) - df[:, :, :, 0] * torch.sin(u)) * scale
+                elif pairs == 1:              # the saved output is scale * [cos u, sin u]
+                    f = cs[0].view(B, H, N, 2, 1, m)
+                    du = torch.mul(f[:, :, :, 0], df[:, :, :, 1])
+                    du.addcmul_(f[:, :, :, 1], df[:, :, :, 0], value=-1.0)
+                else:
+                    c, s = cs
+                    du = torch.mul(c, df[:, :, :, 1])
+                    du.addcmul_(s, df[:, :, :, 0], value=-1.0).mul_(scale)
+                du = du.view(B, H, N, pairs * m)
+                dx = torch.matmul(du, W.unsqueeze(0)) if ctx.needs_input_grad[0] else None
+                dW = None
+                if ctx.needs_input_grad[1]:
+                    dW = torch.matmul(du.transpose(-1, -2), x)
+                    dW = dW.sum(0) if B > 1 else dW[0]
+                return dx, dW, None
 
-        fn = _SINCOS[torch] = SinCos
-    return fn.apply(u)
+        fn = _FOURIER[torch] = FourierFeatures
+    return fn.apply(x, W, pairs)[0]
 
 
 def flex_s_features_torch(torch, x, p):
-    u = torch.einsum("bhnd,hmd->bhnm", x, p["omega"])
-    c, s = sincos_torch(torch, u)
-    f = torch.cat([c, s], -1) / math.sqrt(p["omega"].shape[1])
-    return f, (x * x).sum(-1) / (2.0 * math.sqrt(x.shape[-1]))
+    return fourier_features_torch(torch, x, p["omega"], 1), (x * x).sum(-1) / (2.0 * math.sqrt(x.shape[-1]))
 
 
 def flex_n_features(x, p):
@@ -104,10 +149,8 @@ def flex_n_features_grad(x, p, df, ds):
 
 
 def flex_n_features_torch(torch, x, p):
-    m = p["omega1"].shape[1]
     # one projection onto the stacked pair [A; B], as the C map does
-    c, s = sincos_torch(torch, torch.einsum("bhnd,hmd->bhnm", x, torch.cat([p["omega1"], p["omega2"]], 1)))
-    f = torch.cat([c[..., :m] + c[..., m:], s[..., :m] + s[..., m:]], -1) / math.sqrt(4.0 * m)
+    f = fourier_features_torch(torch, x, torch.cat([p["omega1"], p["omega2"]], 1), 2)
     return f, (x * x).sum(-1) * torch.exp(-p["tau"])[None, :, None]
 
 

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 import flexformer as ff  # noqa: E402
 from flexformer.torch import attention  # noqa: E402
 from flexformer.torch import functional  # noqa: E402
-from flexformer.torch.functional import _causal_chunked, _causal_loop  # noqa: E402
+from flexformer.features import fourier_features_torch  # noqa: E402
+from flexformer.torch.functional import _causal_chunked, _causal_fast, _causal_loop  # noqa: E402
 
 
 def _split_features(B, H, N, F, e, seed, jump=0.0):
@@ -79,8 +80,79 @@ def test_many_chunks_in_groups_equal_chunks_in_turn(monkeypatch, group):
     totals (two levels or more): the same values as one chunk after another."""
     fq, fk, sk, v = _split_features(1, 2, 64 * 21 + 5, 6, 4, seed=group, jump=300.0)
     sk[0, 1, :100] = -math.inf
-    plain = functional._exclusive_prefix
-    monkeypatch.setattr(functional, "_exclusive_prefix", lambda m, X, low, g=group: plain(m, X, low, group))
-    got = _causal_chunked(fq, fk, sk, v, 1e-4, 64)
+    monkeypatch.setattr(functional, "PREFIX_GROUP", group)
     want = _causal_loop(fq, fk, sk, v, 1e-4, 64)
-    assert torch.allclose(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
+    for form in (_causal_chunked, _causal_fast):
+        got = form(fq, fk, sk, v, 1e-4, 64)
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
+
+
+def _grads(form, fq, fk, sk, v, dout, **kw):
+    leaves = [x.clone().requires_grad_() for x in (fq, fk, sk, v)]
+    out = form(*leaves, 1e-4, 64)
+    return (out, *torch.autograd.grad(out, leaves, dout, **kw))
+
+
+@pytest.mark.parametrize("N, group", [(1, 64), (63, 64), (64, 64), (65, 64), (513, 64), (64 * 21 + 5, 64),
+                                      (64 * 21 + 5, 3), (64 * 9, 2)])
+@pytest.mark.parametrize("jump", [0.0, 400.0])
+def test_hand_written_backward_equals_autograd(monkeypatch, N, group, jump):
+    """The backend's causal core (:class:`_CausalCore`: saved chunk products, the transposed
+    prefix over chunks) against autograd through the same forward and through the loop:
+    values and gradients of all four inputs, with masked keys, chunks that see no key,
+    padding to whole chunks and scans of two or more levels."""
+    monkeypatch.setattr(functional, "PREFIX_GROUP", group)
+    fq, fk, sk, v = _split_features(2, 3, N, 6, 4, seed=N + group, jump=jump)
+    sk[1, :, : min(3, N)] = -math.inf
+    sk[0, 1, : min(N, 150)] = -math.inf                # whole chunks without a key
+    dout = torch.randn(2, 3, N, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    got = _grads(_causal_fast, fq, fk, sk, v, dout)
+    for reference in (_causal_chunked, _causal_loop):
+        want = _grads(reference, fq, fk, sk, v, dout)
+        for name, a, b in zip(("out", "fq", "fk", "sk", "v"), got, want):
+            assert torch.isfinite(a).all(), name
+            # the scale: sk's gradient is 0 up to rounding where a row sees a single key
+            assert torch.allclose(a, b, rtol=1e-9, atol=1e-9 * max(1.0, b.abs().max().item())), name
+
+
+def test_autograd_form_has_finite_key_gradients_where_rows_precede_every_key():
+    """Rows of a chunk before its first visible key: their weights above the diagonal are
+    masked before exp, so exp never overflows and the backward never forms 0 * inf."""
+    fq, fk, sk, v = _split_features(1, 1, 200, 6, 4, seed=0)
+    sk[0, 0, :150] = -math.inf
+    _, *grads = _grads(_causal_chunked, fq, fk, sk, v, torch.ones(1, 1, 200, 4, dtype=torch.float64))
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_hand_written_backward_gradcheck_and_second_derivatives():
+    fq, fk, sk, v = _split_features(1, 2, 150, 3, 2, seed=0)
+    sk[0, 1, :70] = -math.inf
+    leaves = [x.clone().requires_grad_() for x in (fq, fk, sk, v)]
+    assert torch.autograd.gradcheck(lambda *a: _causal_fast(*a, 1e-4, 64), leaves)
+    small = [x[:, :1, :70].detach().clone().requires_grad_() for x in (fq, fk, sk, v)]
+    assert torch.autograd.gradgradcheck(lambda *a: _causal_fast(*a, 1e-4, 64), small)
+    # create_graph through the fast core gives autograd's second derivatives
+    dout = torch.randn(1, 2, 150, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    second = []
+    for form in (_causal_fast, _causal_chunked):
+        leaves = [x.clone().requires_grad_() for x in (fq, fk, sk, v)]
+        g = torch.autograd.grad(form(*leaves, 1e-4, 64), leaves, dout, create_graph=True)
+        second.append(torch.autograd.grad(sum(x.square().sum() for x in g), leaves))
+    for a, b in zip(*second):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-9 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("pairs", [1, 2])
+@pytest.mark.parametrize("B", [1, 3])
+def test_fused_fourier_features_against_the_formula(pairs, B):
+    """f = (pairs^2 m)^-1/2 [sum cos(W_p x), sum sin(W_p x)]: values from the plain formula,
+    gradients by finite differences, second derivatives too."""
+    gen = torch.Generator().manual_seed(pairs + B)
+    x = torch.randn(B, 3, 7, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(3, pairs * 4, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    u = torch.einsum("bhnd,hmd->bhnm", x, W).reshape(B, 3, 7, pairs, 4)
+    want = torch.cat([u.cos().sum(-2), u.sin().sum(-2)], -1) / (pairs * 2.0)
+    got = fourier_features_torch(torch, x, W, pairs)
+    assert torch.allclose(got, want, rtol=1e-14, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda a, b: fourier_features_torch(torch, a, b, pairs), (x, W))
+    assert torch.autograd.gradgradcheck(lambda a, b: fourier_features_torch(torch, a, b, pairs), (x, W))

@@ -84,7 +84,7 @@ def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, 
         fkw = fk * w.unsqueeze(-1)
         return _normalise(fq @ (fkw.transpose(-1, -2) @ v), (fq @ fkw.sum(-2).unsqueeze(-1)).squeeze(-1),
                           w.sum(-1, keepdim=True).expand(fq.shape[:-1]), eps)
-    return _causal_chunked(fq, fk, sk, v, eps, chunk)
+    return _causal_fast(fq, fk, sk, v, eps, chunk)
 
 
 def _causal_loop(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
@@ -118,37 +118,71 @@ def _causal_loop(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chun
     return torch.cat(outs, 2)
 
 
-def _exclusive_prefix(m: Tensor, X: Tensor, low: float, group: int = 64):
-    """Sums of earlier chunks: for chunk c, (P_c, sum_{c' < c} exp(m_c' - P_c) X_c') with
-    P_c = max_{c' < c} m_c' (``low`` for the first). m (B, H, C) holds each chunk's own
-    scale (no gradient), X (B, H, C, D) its sums at that scale. Every weight is at most 1,
-    as when the C core rescales its carried state. One (C x C) weight matrix times X when
-    C <= ``group``; beyond that, chunks in groups of ``group`` and the groups' own totals
-    the same way, so the cost stays near linear in C."""
-    B, H, C, D = X.shape
-    if C <= group:
-        with torch.no_grad():
+PREFIX_GROUP = 64   # chunks per level of the carried-state scan (see _prefix_plan)
+
+
+def _prefix_plan(m: Tensor, low: float, group: Optional[int] = None):
+    """The weights of the exclusive prefix over chunks: for chunk c, its scale
+    P_c = max_{c' < c} m_c' (``low`` for the first) and the weights exp(m_c' - P_c) that
+    bring the earlier chunks' sums to it (each at most 1, as when the C core rescales its
+    carried state). m (B, H, C) holds each chunk's own scale; nothing here has a gradient.
+
+    Up to ``group`` chunks: one (C x C) weight matrix. Beyond: the chunks in groups of
+    ``group``, the prefix inside each group and the prefix over the groups' own totals (the
+    same plan, recursively), so the cost stays near linear in C. Returns (P, plan) for
+    :func:`_prefix_apply` and its transpose :func:`_prefix_apply_t`."""
+    group = PREFIX_GROUP if group is None else group
+    B, H, C = m.shape
+    with torch.no_grad():
+        if C <= group:
             P = torch.cummax(torch.cat([m.new_full((B, H, 1), low), m[:, :, :-1]], 2), 2).values
             earlier = torch.ones(C, C, dtype=torch.bool, device=m.device).tril(-1)
-            W = torch.exp(m.unsqueeze(-2) - P.unsqueeze(-1)).masked_fill(~earlier, 0.0)
-        return P, W @ X
-    G = -(-C // group)
-    pad = G * group - C
-    if pad:
-        m = torch.nn.functional.pad(m, (0, pad), value=low)
-        X = torch.nn.functional.pad(X, (0, 0, 0, pad))
-    mg, Xg = m.reshape(B, H * G, group), X.reshape(B, H * G, group, D)
-    P_local, local = _exclusive_prefix(mg, Xg, low, group)            # within each group
-    with torch.no_grad():
+            return P, ("dense", torch.exp(m.unsqueeze(-2) - P.unsqueeze(-1)).masked_fill(~earlier, 0.0))
+        G = -(-C // group)
+        mg = torch.nn.functional.pad(m, (0, G * group - C), value=low).reshape(B, H * G, group)
+        P_local, inner = _prefix_plan(mg, low, group)                 # within each group
         top = mg.amax(-1)                                             # each group's scale
-        w = torch.exp(mg - top.unsqueeze(-1))
-    totals = (w.unsqueeze(-2) @ Xg).squeeze(-2)                       # each group's sum at its scale
-    P_group, before = _exclusive_prefix(top.reshape(B, H, G), totals.reshape(B, H, G, D), low, group)
-    P_group, before = P_group.reshape(B, H * G, 1), before.reshape(B, H * G, 1, D)
-    with torch.no_grad():
+        w = torch.exp(mg - top.unsqueeze(-1))                         # its chunks' weights in its total
+        P_group, outer = _prefix_plan(top.reshape(B, H, G), low, group)
+        P_group = P_group.reshape(B, H * G, 1)
         P = torch.maximum(P_local, P_group)
-    out = torch.exp(P_group - P).unsqueeze(-1) * before + torch.exp(P_local - P).unsqueeze(-1) * local
-    return P.reshape(B, H, G * group)[:, :, :C], out.reshape(B, H, G * group, D)[:, :, :C]
+        a, b = torch.exp(P_group - P), torch.exp(P_local - P)        # earlier groups, this group
+        return P.reshape(B, H, G * group)[:, :, :C], ("grouped", C, inner, w, outer, a, b)
+
+
+def _prefix_apply(plan, X: Tensor) -> Tensor:
+    """The weighted sums of the earlier chunks' X (B, H, C, D) under ``plan``."""
+    if plan[0] == "dense":
+        return plan[1] @ X
+    _, C, inner, w, outer, a, b = plan
+    B, H, _, D = X.shape
+    G, group = w.shape[1] // H, w.shape[-1]
+    Xg = torch.nn.functional.pad(X, (0, 0, 0, G * group - C)).reshape(B, H * G, group, D)
+    local = _prefix_apply(inner, Xg)
+    totals = w.unsqueeze(-2) @ Xg                                     # (B, H*G, 1, D)
+    before = _prefix_apply(outer, totals.reshape(B, H, G, D)).reshape(B, H * G, 1, D)
+    out = a.unsqueeze(-1) * before + b.unsqueeze(-1) * local
+    return out.reshape(B, H, G * group, D)[:, :, :C]
+
+
+def _prefix_apply_t(plan, dY: Tensor) -> Tensor:
+    """The transpose of :func:`_prefix_apply`: the gradient reaching X from dY."""
+    if plan[0] == "dense":
+        return plan[1].transpose(-1, -2) @ dY
+    _, C, inner, w, outer, a, b = plan
+    B, H, _, D = dY.shape
+    G, group = w.shape[1] // H, w.shape[-1]
+    dYg = torch.nn.functional.pad(dY, (0, 0, 0, G * group - C)).reshape(B, H * G, group, D)
+    dbefore = a.unsqueeze(-2) @ dYg                                   # (B, H*G, 1, D)
+    dtotals = _prefix_apply_t(outer, dbefore.reshape(B, H, G, D)).reshape(B, H * G, 1, D)
+    dXg = _prefix_apply_t(inner, b.unsqueeze(-1) * dYg).addcmul_(w.unsqueeze(-1), dtotals)
+    return dXg.reshape(B, H, G * group, D)[:, :, :C]
+
+
+def _exclusive_prefix(m: Tensor, X: Tensor, low: float, group: Optional[int] = None):
+    """(P, sums of the earlier chunks' X) by :func:`_prefix_plan`, differentiable in X."""
+    P, plan = _prefix_plan(m, low, group)
+    return P, _prefix_apply(plan, X)
 
 
 def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
@@ -182,11 +216,108 @@ def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, c
         Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
     alpha = torch.exp(P.unsqueeze(-1) - Mi)
     tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
-    E = torch.exp(sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill(~tril, 0.0)
+    # masked before exp: above the diagonal exp could overflow (and give 0 * inf in the backward)
+    E = torch.exp((sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill(~tril, -math.inf))
     A = (fq @ fk.transpose(-1, -2)) * E
     nd = A @ v1 + alpha.unsqueeze(-1) * (fq @ Sz)
     out = _normalise(nd[..., :e], nd[..., e], E.sum(-1) + alpha * R.unsqueeze(-1), eps)
     return out.reshape(B, H, C * chunk, e)[:, :, :N]
+
+
+class _CausalCore(torch.autograd.Function):
+    """:func:`_causal_chunked` with a hand-written backward: the forward saves the chunk
+    products it formed (Q K^T per chunk, the decay weights, the carried sums) and the
+    backward reuses them, about half the operations autograd records. Under
+    ``create_graph`` the backward differentiates the autograd form instead, so higher
+    derivatives still work."""
+
+    @staticmethod
+    def forward(ctx, fq, fk, sk, v, eps, chunk):
+        inputs = (fq, fk, sk, v)
+        B, H, N, F = fq.shape
+        e = v.shape[-1]
+        C = -(-N // chunk)
+        pad = C * chunk - N
+        if pad:  # padded keys weigh exp(-inf) = 0; padded query rows are dropped at the end
+            fq, fk, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (fq, fk, v))
+            sk = torch.nn.functional.pad(sk, (0, pad), value=-math.inf)
+        fq, fk = fq.reshape(B, H, C, chunk, F), fk.reshape(B, H, C, chunk, F)
+        sk = sk.reshape(B, H, C, chunk)
+        v1 = torch.cat([v.reshape(B, H, C, chunk, e), v.new_ones(B, H, C, chunk, 1)], -1)
+        low = torch.finfo(sk.dtype).min / 4
+        m = sk.amax(-1).clamp(min=low)
+        w = torch.exp(sk - m.unsqueeze(-1))
+        Y = fk.transpose(-1, -2) @ (w.unsqueeze(-1) * v1)
+        P, plan = _prefix_plan(m, low)
+        carried = _prefix_apply(plan, torch.cat([Y.reshape(B, H, C, F * (e + 1)), w.sum(-1, keepdim=True)], -1))
+        Sz, R = carried[..., :-1].reshape(B, H, C, F, e + 1), carried[..., -1]
+        Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
+        alpha = torch.exp(P.unsqueeze(-1) - Mi)
+        tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
+        E = torch.exp((sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill_(~tril, -math.inf))
+        QK = fq @ fk.transpose(-1, -2)
+        nd = (QK * E) @ v1
+        nd.addcmul_(alpha.unsqueeze(-1), fq @ Sz)
+        den = nd[..., e]
+        Rtot = torch.addcmul(E.sum(-1), alpha, R.unsqueeze(-1))
+        seen = Rtot > 0
+        den_wins = den >= eps * Rtot
+        r = torch.where(seen, 1.0 / torch.where(den_wins, den, eps * Rtot), 0.0)
+        out = nd[..., :e] * r.unsqueeze(-1)
+        ctx.save_for_backward(*inputs, fq, fk, v1, w, Sz, alpha, E, QK, nd, r, den_wins)
+        ctx.plan, ctx.eps, ctx.chunk = plan, eps, chunk
+        return out.reshape(B, H, C * chunk, e)[:, :, :N]
+
+    @staticmethod
+    def backward(ctx, dout):
+        inputs, saved = ctx.saved_tensors[:4], ctx.saved_tensors[4:]
+        if torch.is_grad_enabled():   # create_graph: differentiate the autograd form
+            wanted = [x for x, need in zip(inputs, ctx.needs_input_grad) if need]
+            grads = iter(torch.autograd.grad(_causal_chunked(*inputs, ctx.eps, ctx.chunk), wanted, dout,
+                                             create_graph=True))
+            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:4]), None, None)
+        fq, fk, v1, w, Sz, alpha, E, QK, nd, r, den_wins = saved
+        B, H, C, T, F = fq.shape
+        e, N = v1.shape[-1] - 1, inputs[0].shape[2]
+        if C * T != N:
+            dout = torch.nn.functional.pad(dout, (0, 0, 0, C * T - N))
+        dout = dout.reshape(B, H, C, T, e)
+        # out = num r with r = 1 / max(den, eps Rtot) (0 for rows without keys)
+        dg = (dout * nd[..., :e]).sum(-1).mul_(r * r).neg_()
+        dnd = torch.empty_like(nd)
+        torch.mul(dout, r.unsqueeze(-1), out=dnd[..., :e])
+        dnd[..., e] = torch.where(den_wins, dg, 0.0)
+        dRtot = torch.where(den_wins, 0.0, dg * ctx.eps)
+        # nd = (QK E) v1 + alpha (fq Sz), Rtot = sum_j E + alpha R
+        dA = dnd @ v1.transpose(-1, -2)
+        dQK = dA * E
+        dv1 = (QK * E).transpose(-1, -2) @ dnd
+        dnda = dnd * alpha.unsqueeze(-1)
+        dfq = dQK @ fk
+        dfq += dnda @ Sz.transpose(-1, -2)
+        dfk = dQK.transpose(-1, -2) @ fq
+        dE = dA.mul_(QK).add_(dRtot.unsqueeze(-1))
+        dsk = (dE.mul_(E)).sum(-2)
+        # the carried sums: the transpose of the prefix over chunks
+        dcarried = torch.cat([(fq.transpose(-1, -2) @ dnda).reshape(B, H, C, F * (e + 1)),
+                              (alpha * dRtot).sum(-1, keepdim=True)], -1)
+        dX = _prefix_apply_t(ctx.plan, dcarried)
+        dY, dRsum = dX[..., :-1].reshape(B, H, C, F, e + 1), dX[..., -1:]
+        # each chunk's own sums Y = fk^T (w v1) and sum_j w
+        wv1 = w.unsqueeze(-1) * v1
+        dfk += wv1 @ dY.transpose(-1, -2)
+        dwv1 = fk @ dY
+        dv1.addcmul_(w.unsqueeze(-1), dwv1)
+        dw = (dwv1 * v1).sum(-1).add_(dRsum)
+        dsk.addcmul_(dw, w)
+        unchunk = lambda x: x.reshape(B, H, C * T, *x.shape[4:])[:, :, :N]  # noqa: E731
+        return unchunk(dfq), unchunk(dfk), unchunk(dsk.unsqueeze(-1)).squeeze(-1), unchunk(dv1[..., :e]), None, None
+
+
+def _causal_fast(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
+    """The causal core the torch backend runs: :func:`_causal_chunked`'s values with a
+    hand-written backward (:class:`_CausalCore`)."""
+    return _CausalCore.apply(fq, fk, sk, v, eps, chunk)
 
 
 def _softmax(q, k, v, causal, key_mask, scale=None):
