@@ -249,8 +249,9 @@ class _CausalCore(torch.autograd.Function):
         w = torch.exp(sk - m.unsqueeze(-1))
         Y = fk.transpose(-1, -2) @ (w.unsqueeze(-1) * v1)
         P, plan = _prefix_plan(m, low)
-        carried = _prefix_apply(plan, torch.cat([Y.reshape(B, H, C, F * (e + 1)), w.sum(-1, keepdim=True)], -1))
-        Sz, R = carried[..., :-1].reshape(B, H, C, F, e + 1), carried[..., -1]
+        # the carried sums (kept apart from the small R: no copies of the large ones)
+        Sz = _prefix_apply(plan, Y.view(B, H, C, F * (e + 1))).view(B, H, C, F, e + 1)
+        R = _prefix_apply(plan, w.sum(-1, keepdim=True)).squeeze(-1)
         Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
         alpha = torch.exp(P.unsqueeze(-1) - Mi)
         tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
@@ -299,10 +300,9 @@ class _CausalCore(torch.autograd.Function):
         dE = dA.mul_(QK).add_(dRtot.unsqueeze(-1))
         dsk = (dE.mul_(E)).sum(-2)
         # the carried sums: the transpose of the prefix over chunks
-        dcarried = torch.cat([(fq.transpose(-1, -2) @ dnda).reshape(B, H, C, F * (e + 1)),
-                              (alpha * dRtot).sum(-1, keepdim=True)], -1)
-        dX = _prefix_apply_t(ctx.plan, dcarried)
-        dY, dRsum = dX[..., :-1].reshape(B, H, C, F, e + 1), dX[..., -1:]
+        dY = _prefix_apply_t(ctx.plan, (fq.transpose(-1, -2) @ dnda).view(B, H, C, F * (e + 1)))
+        dY = dY.view(B, H, C, F, e + 1)
+        dRsum = _prefix_apply_t(ctx.plan, (alpha * dRtot).sum(-1, keepdim=True))
         # each chunk's own sums Y = fk^T (w v1) and sum_j w
         wv1 = w.unsqueeze(-1) * v1
         dfk += wv1 @ dY.transpose(-1, -2)
