@@ -99,6 +99,7 @@ def fourier_features_torch(torch, x, W, pairs: int):
                 m = W.shape[1] // pairs
                 scale = 1.0 / (pairs * math.sqrt(m))
                 df = df.reshape(B, H, N, 2, 1, m)
+                unscaled = False
                 if torch.is_grad_enabled():   # create_graph: the same formulas, differentiable
                     u = torch.matmul(x, W.transpose(-1, -2).unsqueeze(0)).view(B, H, N, pairs, m)
                     du = (df[:, :, :, 1] * torch.cos(u) - df[:, :, :, 0] * torch.sin(u)) * scale
@@ -106,16 +107,20 @@ def fourier_features_torch(torch, x, W, pairs: int):
                     f = cs[0].view(B, H, N, 2, 1, m)
                     du = torch.mul(f[:, :, :, 0], df[:, :, :, 1])
                     du.addcmul_(f[:, :, :, 1], df[:, :, :, 0], value=-1.0)
-                else:
+                else:                         # the scale goes onto the small W and dW below
                     c, s = cs
                     du = torch.mul(c, df[:, :, :, 1])
-                    du.addcmul_(s, df[:, :, :, 0], value=-1.0).mul_(scale)
+                    du.addcmul_(s, df[:, :, :, 0], value=-1.0)
+                    unscaled = True
                 du = du.view(B, H, N, pairs * m)
-                dx = torch.matmul(du, W.unsqueeze(0)) if ctx.needs_input_grad[0] else None
+                Ws = W * scale if unscaled else W
+                dx = torch.matmul(du, Ws.unsqueeze(0)) if ctx.needs_input_grad[0] else None
                 dW = None
                 if ctx.needs_input_grad[1]:
                     dW = torch.matmul(du.transpose(-1, -2), x)
                     dW = dW.sum(0) if B > 1 else dW[0]
+                    if unscaled:
+                        dW.mul_(scale)
                 return dx, dW, None
 
         fn = _FOURIER[torch] = FourierFeatures

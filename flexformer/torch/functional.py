@@ -147,36 +147,45 @@ def _prefix_plan(m: Tensor, low: float, group: Optional[int] = None):
         P_group = P_group.reshape(B, H * G, 1)
         P = torch.maximum(P_local, P_group)
         a, b = torch.exp(P_group - P), torch.exp(P_local - P)        # earlier groups, this group
-        return P.reshape(B, H, G * group)[:, :, :C], ("grouped", C, inner, w, outer, a, b)
+        inner = ("dense", b.unsqueeze(-1) * inner[1])                 # b folded into the small matrix
+        return P.reshape(B, H, G * group)[:, :, :C], ("grouped", C, inner, w, outer, a)
 
 
 def _prefix_apply(plan, X: Tensor) -> Tensor:
     """The weighted sums of the earlier chunks' X (B, H, C, D) under ``plan``."""
     if plan[0] == "dense":
         return plan[1] @ X
-    _, C, inner, w, outer, a, b = plan
+    _, C, inner, w, outer, a = plan
     B, H, _, D = X.shape
     G, group = w.shape[1] // H, w.shape[-1]
-    Xg = torch.nn.functional.pad(X, (0, 0, 0, G * group - C)).reshape(B, H * G, group, D)
-    local = _prefix_apply(inner, Xg)
+    Xg = _groups(X, G * group - C).view(B, H * G, group, D)
     totals = w.unsqueeze(-2) @ Xg                                     # (B, H*G, 1, D)
-    before = _prefix_apply(outer, totals.reshape(B, H, G, D)).reshape(B, H * G, 1, D)
-    out = a.unsqueeze(-1) * before + b.unsqueeze(-1) * local
-    return out.reshape(B, H, G * group, D)[:, :, :C]
+    before = _prefix_apply(outer, totals.view(B, H, G, D)).reshape(B, H * G, 1, D)
+    out = _prefix_apply(inner, Xg).addcmul_(a.unsqueeze(-1), before)   # this group's, then earlier groups'
+    return _ungroup(out.view(B, H, G * group, D), C)
 
 
 def _prefix_apply_t(plan, dY: Tensor) -> Tensor:
     """The transpose of :func:`_prefix_apply`: the gradient reaching X from dY."""
     if plan[0] == "dense":
         return plan[1].transpose(-1, -2) @ dY
-    _, C, inner, w, outer, a, b = plan
+    _, C, inner, w, outer, a = plan
     B, H, _, D = dY.shape
     G, group = w.shape[1] // H, w.shape[-1]
-    dYg = torch.nn.functional.pad(dY, (0, 0, 0, G * group - C)).reshape(B, H * G, group, D)
+    dYg = _groups(dY, G * group - C).view(B, H * G, group, D)
     dbefore = a.unsqueeze(-2) @ dYg                                   # (B, H*G, 1, D)
-    dtotals = _prefix_apply_t(outer, dbefore.reshape(B, H, G, D)).reshape(B, H * G, 1, D)
-    dXg = _prefix_apply_t(inner, b.unsqueeze(-1) * dYg).addcmul_(w.unsqueeze(-1), dtotals)
-    return dXg.reshape(B, H, G * group, D)[:, :, :C]
+    dtotals = _prefix_apply_t(outer, dbefore.view(B, H, G, D)).reshape(B, H * G, 1, D)
+    dXg = _prefix_apply_t(inner, dYg).addcmul_(w.unsqueeze(-1), dtotals)
+    return _ungroup(dXg.view(B, H, G * group, D), C)
+
+
+def _groups(X: Tensor, pad: int) -> Tensor:
+    """X (B, H, C, D) contiguous, with ``pad`` zero chunks appended (a copy only when pad > 0)."""
+    return torch.nn.functional.pad(X, (0, 0, 0, pad)) if pad else X.contiguous()
+
+
+def _ungroup(X: Tensor, C: int) -> Tensor:
+    return X[:, :, :C] if X.shape[2] != C else X
 
 
 def _exclusive_prefix(m: Tensor, X: Tensor, low: float, group: Optional[int] = None):
@@ -255,7 +264,7 @@ class _CausalCore(torch.autograd.Function):
         Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
         alpha = torch.exp(P.unsqueeze(-1) - Mi)
         tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
-        E = torch.exp((sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill_(~tril, -math.inf))
+        E = (sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill_(~tril, -math.inf).exp_()
         QK = fq @ fk.transpose(-1, -2)
         nd = (QK * E) @ v1
         nd.addcmul_(alpha.unsqueeze(-1), fq @ Sz)
@@ -295,17 +304,18 @@ class _CausalCore(torch.autograd.Function):
         dv1 = (QK * E).transpose(-1, -2) @ dnd
         dnda = dnd * alpha.unsqueeze(-1)
         dfq = dQK @ fk
-        dfq += dnda @ Sz.transpose(-1, -2)
+        dfq.view(-1, T, F).baddbmm_(dnda.flatten(0, 2), Sz.flatten(0, 2).transpose(-1, -2))
         dfk = dQK.transpose(-1, -2) @ fq
         dE = dA.mul_(QK).add_(dRtot.unsqueeze(-1))
         dsk = (dE.mul_(E)).sum(-2)
         # the carried sums: the transpose of the prefix over chunks
-        dY = _prefix_apply_t(ctx.plan, (fq.transpose(-1, -2) @ dnda).view(B, H, C, F * (e + 1)))
+        dX = (fq.transpose(-1, -2) @ dnda).view(B, H, C, F * (e + 1))
+        dY = _prefix_apply_t(ctx.plan, dX)
         dY = dY.view(B, H, C, F, e + 1)
         dRsum = _prefix_apply_t(ctx.plan, (alpha * dRtot).sum(-1, keepdim=True))
         # each chunk's own sums Y = fk^T (w v1) and sum_j w
         wv1 = w.unsqueeze(-1) * v1
-        dfk += wv1 @ dY.transpose(-1, -2)
+        dfk.view(-1, T, F).baddbmm_(wv1.flatten(0, 2), dY.flatten(0, 2).transpose(-1, -2))
         dwv1 = fk @ dY
         dv1.addcmul_(w.unsqueeze(-1), dwv1)
         dw = (dwv1 * v1).sum(-1).add_(dRsum)
