@@ -9,9 +9,8 @@ Times ``flexformer.torch.attention("flex_n", ..., causal=True)`` forward + backw
 configuration in a fresh process with --threads threads, --rounds rounds interleaved:
 
 * ``c``: the C kernels (CPU float32 only);
-* ``torch``: the PyTorch backend in float32: chunks processed together (a scan over the
-  chunks' own sums carries the state) and a hand-written backward (``_causal_fast``);
-* ``torch_autograd``: the same forward differentiated by autograd (``_causal_chunked``);
+* ``torch``: the PyTorch backend in float32: chunks processed together (a prefix over the
+  chunks' own sums carries the state; ``_causal_chunked``), differentiated by autograd;
 * ``torch_loop``: the plain reference form, one chunk after another in a Python loop
   (``_causal_loop``), differentiated by autograd;
 * ``torch_bf16``: the PyTorch backend on bfloat16 inputs (features, sums and state in float32);
@@ -32,7 +31,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-IMPLS = ("c", "torch", "torch_autograd", "torch_loop", "torch_bf16", "sdpa")
+IMPLS = ("c", "torch", "torch_loop", "torch_bf16", "sdpa")
 
 WORKER = r"""
 import json, sys
@@ -45,9 +44,7 @@ impl, N, H, d, repeats, threads, device = sys.argv[1], int(sys.argv[2]), int(sys
 torch.set_num_threads(threads)
 ff.set_num_threads(threads)
 if impl == "torch_loop":
-    F._causal_fast = F._causal_loop
-elif impl == "torch_autograd":
-    F._causal_fast = F._causal_chunked
+    F._causal_chunked = F._causal_loop
 dtype = torch.bfloat16 if impl == "torch_bf16" else torch.float32
 gen = np.random.default_rng(0)
 q, k, v = (0.3 * gen.standard_normal((1, H, N, d)) for _ in range(3))

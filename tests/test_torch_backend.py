@@ -13,7 +13,7 @@ import flexformer as ff  # noqa: E402
 from flexformer.torch import attention  # noqa: E402
 from flexformer.torch import functional  # noqa: E402
 from flexformer.features import fourier_features_torch  # noqa: E402
-from flexformer.torch.functional import _causal_chunked, _causal_fast, _causal_loop  # noqa: E402
+from flexformer.torch.functional import _causal_chunked, _causal_loop  # noqa: E402
 
 
 def _split_features(B, H, N, F, e, seed, jump=0.0):
@@ -82,9 +82,8 @@ def test_many_chunks_in_groups_equal_chunks_in_turn(monkeypatch, group):
     sk[0, 1, :100] = -math.inf
     monkeypatch.setattr(functional, "PREFIX_GROUP", group)
     want = _causal_loop(fq, fk, sk, v, 1e-4, 64)
-    for form in (_causal_chunked, _causal_fast):
-        got = form(fq, fk, sk, v, 1e-4, 64)
-        assert torch.allclose(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
+    got = _causal_chunked(fq, fk, sk, v, 1e-4, 64)
+    assert torch.allclose(got, want, rtol=1e-10, atol=1e-10 * want.abs().max().item())
 
 
 def _grads(form, fq, fk, sk, v, dout, **kw):
@@ -96,23 +95,20 @@ def _grads(form, fq, fk, sk, v, dout, **kw):
 @pytest.mark.parametrize("N, group", [(1, 64), (63, 64), (64, 64), (65, 64), (513, 64), (64 * 21 + 5, 64),
                                       (64 * 21 + 5, 3), (64 * 9, 2)])
 @pytest.mark.parametrize("jump", [0.0, 400.0])
-def test_hand_written_backward_equals_autograd(monkeypatch, N, group, jump):
-    """The backend's causal core (:class:`_CausalCore`: saved chunk products, the transposed
-    prefix over chunks) against autograd through the same forward and through the loop:
-    values and gradients of all four inputs, with masked keys, chunks that see no key,
-    padding to whole chunks and scans of two or more levels."""
+def test_gradients_equal_chunks_in_turn(monkeypatch, N, group, jump):
+    """Values and gradients of all four inputs against the loop, with masked keys, chunks
+    that see no key, padding to whole chunks and scans of two or more levels."""
     monkeypatch.setattr(functional, "PREFIX_GROUP", group)
     fq, fk, sk, v = _split_features(2, 3, N, 6, 4, seed=N + group, jump=jump)
     sk[1, :, : min(3, N)] = -math.inf
     sk[0, 1, : min(N, 150)] = -math.inf                # whole chunks without a key
     dout = torch.randn(2, 3, N, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    got = _grads(_causal_fast, fq, fk, sk, v, dout)
-    for reference in (_causal_chunked, _causal_loop):
-        want = _grads(reference, fq, fk, sk, v, dout)
-        for name, a, b in zip(("out", "fq", "fk", "sk", "v"), got, want):
-            assert torch.isfinite(a).all(), name
-            # the scale: sk's gradient is 0 up to rounding where a row sees a single key
-            assert torch.allclose(a, b, rtol=1e-9, atol=1e-9 * max(1.0, b.abs().max().item())), name
+    got = _grads(_causal_chunked, fq, fk, sk, v, dout)
+    want = _grads(_causal_loop, fq, fk, sk, v, dout)
+    for name, a, b in zip(("out", "fq", "fk", "sk", "v"), got, want):
+        assert torch.isfinite(a).all(), name
+        # the scale: sk's gradient is 0 up to rounding where a row sees a single key
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-9 * max(1.0, b.abs().max().item())), name
 
 
 def test_autograd_form_has_finite_key_gradients_where_rows_precede_every_key():
@@ -124,22 +120,13 @@ def test_autograd_form_has_finite_key_gradients_where_rows_precede_every_key():
     assert all(torch.isfinite(g).all() for g in grads)
 
 
-def test_hand_written_backward_gradcheck_and_second_derivatives():
+def test_chunked_form_gradcheck_and_second_derivatives():
     fq, fk, sk, v = _split_features(1, 2, 150, 3, 2, seed=0)
     sk[0, 1, :70] = -math.inf
     leaves = [x.clone().requires_grad_() for x in (fq, fk, sk, v)]
-    assert torch.autograd.gradcheck(lambda *a: _causal_fast(*a, 1e-4, 64), leaves)
+    assert torch.autograd.gradcheck(lambda *a: _causal_chunked(*a, 1e-4, 64), leaves)
     small = [x[:, :1, :70].detach().clone().requires_grad_() for x in (fq, fk, sk, v)]
-    assert torch.autograd.gradgradcheck(lambda *a: _causal_fast(*a, 1e-4, 64), small)
-    # create_graph through the fast core gives autograd's second derivatives
-    dout = torch.randn(1, 2, 150, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    second = []
-    for form in (_causal_fast, _causal_chunked):
-        leaves = [x.clone().requires_grad_() for x in (fq, fk, sk, v)]
-        g = torch.autograd.grad(form(*leaves, 1e-4, 64), leaves, dout, create_graph=True)
-        second.append(torch.autograd.grad(sum(x.square().sum() for x in g), leaves))
-    for a, b in zip(*second):
-        assert torch.allclose(a, b, rtol=1e-9, atol=1e-9 * b.abs().max().item())
+    assert torch.autograd.gradgradcheck(lambda *a: _causal_chunked(*a, 1e-4, 64), small)
 
 
 @pytest.mark.parametrize("pairs", [1, 2])

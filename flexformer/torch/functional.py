@@ -84,7 +84,7 @@ def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, 
         fkw = fk * w.unsqueeze(-1)
         return _normalise(fq @ (fkw.transpose(-1, -2) @ v), (fq @ fkw.sum(-2).unsqueeze(-1)).squeeze(-1),
                           w.sum(-1, keepdim=True).expand(fq.shape[:-1]), eps)
-    return _causal_fast(fq, fk, sk, v, eps, chunk)
+    return _causal_chunked(fq, fk, sk, v, eps, chunk)
 
 
 def _causal_loop(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
@@ -130,7 +130,7 @@ def _prefix_plan(m: Tensor, low: float, group: Optional[int] = None):
     Up to ``group`` chunks: one (C x C) weight matrix. Beyond: the chunks in groups of
     ``group``, the prefix inside each group and the prefix over the groups' own totals (the
     same plan, recursively), so the cost stays near linear in C. Returns (P, plan) for
-    :func:`_prefix_apply` and its transpose :func:`_prefix_apply_t`."""
+    :func:`_prefix_apply`."""
     group = PREFIX_GROUP if group is None else group
     B, H, C = m.shape
     with torch.no_grad():
@@ -165,20 +165,6 @@ def _prefix_apply(plan, X: Tensor) -> Tensor:
     return _ungroup(out.view(B, H, G * group, D), C)
 
 
-def _prefix_apply_t(plan, dY: Tensor) -> Tensor:
-    """The transpose of :func:`_prefix_apply`: the gradient reaching X from dY."""
-    if plan[0] == "dense":
-        return plan[1].transpose(-1, -2) @ dY
-    _, C, inner, w, outer, a = plan
-    B, H, _, D = dY.shape
-    G, group = w.shape[1] // H, w.shape[-1]
-    dYg = _groups(dY, G * group - C).view(B, H * G, group, D)
-    dbefore = a.unsqueeze(-2) @ dYg                                   # (B, H*G, 1, D)
-    dtotals = _prefix_apply_t(outer, dbefore.view(B, H, G, D)).reshape(B, H * G, 1, D)
-    dXg = _prefix_apply_t(inner, dYg).addcmul_(w.unsqueeze(-1), dtotals)
-    return _ungroup(dXg.view(B, H, G * group, D), C)
-
-
 def _groups(X: Tensor, pad: int) -> Tensor:
     """X (B, H, C, D) contiguous, with ``pad`` zero chunks appended (a copy only when pad > 0)."""
     return torch.nn.functional.pad(X, (0, 0, 0, pad)) if pad else X.contiguous()
@@ -188,17 +174,11 @@ def _ungroup(X: Tensor, C: int) -> Tensor:
     return X[:, :, :C] if X.shape[2] != C else X
 
 
-def _exclusive_prefix(m: Tensor, X: Tensor, low: float, group: Optional[int] = None):
-    """(P, sums of the earlier chunks' X) by :func:`_prefix_plan`, differentiable in X."""
-    P, plan = _prefix_plan(m, low, group)
-    return P, _prefix_apply(plan, X)
-
-
 def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
     """The chunked causal form with every chunk at once: masked products inside each chunk,
     and the state the earlier chunks carry as weighted sums of the chunks' own sums (each
     kept at its own maximum and rescaled as the C core rescales its state;
-    :func:`_exclusive_prefix`), so there is no loop over chunks in Python. Same values as
+    :func:`_prefix_plan`), so there is no loop over chunks in Python. Same values as
     :func:`_causal_loop` to rounding."""
     B, H, N, F = fq.shape
     e = v.shape[-1]
@@ -216,11 +196,12 @@ def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, c
     w = torch.exp(sk - m.unsqueeze(-1))
     # a column of ones beside the values: one product gives a numerator and its denominator
     v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)
-    # each chunk's sums S (F x e) and z (F), and R, at its scale m, side by side
+    # each chunk's sums S (F x e) and z (F) side by side, and R, at its scale m; then the
+    # earlier chunks' at each chunk's scale P (the large and the small apart: no copies)
     Sz = fk.transpose(-1, -2) @ (w.unsqueeze(-1) * v1)
-    sums = torch.cat([Sz.reshape(B, H, C, F * (e + 1)), w.sum(-1, keepdim=True)], -1)
-    P, carried = _exclusive_prefix(m, sums, low)
-    Sz, R = carried[..., :-1].reshape(B, H, C, F, e + 1), carried[..., -1]
+    P, plan = _prefix_plan(m, low)
+    Sz = _prefix_apply(plan, Sz.view(B, H, C, F * (e + 1))).reshape(B, H, C, F, e + 1)
+    R = _prefix_apply(plan, w.sum(-1, keepdim=True)).squeeze(-1)
     with torch.no_grad():                                           # each row's visible maximum
         Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
     alpha = torch.exp(P.unsqueeze(-1) - Mi)
@@ -231,103 +212,6 @@ def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, c
     nd = A @ v1 + alpha.unsqueeze(-1) * (fq @ Sz)
     out = _normalise(nd[..., :e], nd[..., e], E.sum(-1) + alpha * R.unsqueeze(-1), eps)
     return out.reshape(B, H, C * chunk, e)[:, :, :N]
-
-
-class _CausalCore(torch.autograd.Function):
-    """:func:`_causal_chunked` with a hand-written backward: the forward saves the chunk
-    products it formed (Q K^T per chunk, the decay weights, the carried sums) and the
-    backward reuses them, about half the operations autograd records. Under
-    ``create_graph`` the backward differentiates the autograd form instead, so higher
-    derivatives still work."""
-
-    @staticmethod
-    def forward(ctx, fq, fk, sk, v, eps, chunk):
-        inputs = (fq, fk, sk, v)
-        B, H, N, F = fq.shape
-        e = v.shape[-1]
-        C = -(-N // chunk)
-        pad = C * chunk - N
-        if pad:  # padded keys weigh exp(-inf) = 0; padded query rows are dropped at the end
-            fq, fk, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (fq, fk, v))
-            sk = torch.nn.functional.pad(sk, (0, pad), value=-math.inf)
-        fq, fk = fq.reshape(B, H, C, chunk, F), fk.reshape(B, H, C, chunk, F)
-        sk = sk.reshape(B, H, C, chunk)
-        v1 = torch.cat([v.reshape(B, H, C, chunk, e), v.new_ones(B, H, C, chunk, 1)], -1)
-        low = torch.finfo(sk.dtype).min / 4
-        m = sk.amax(-1).clamp(min=low)
-        w = torch.exp(sk - m.unsqueeze(-1))
-        Y = fk.transpose(-1, -2) @ (w.unsqueeze(-1) * v1)
-        P, plan = _prefix_plan(m, low)
-        # the carried sums (kept apart from the small R: no copies of the large ones)
-        Sz = _prefix_apply(plan, Y.view(B, H, C, F * (e + 1))).view(B, H, C, F, e + 1)
-        R = _prefix_apply(plan, w.sum(-1, keepdim=True)).squeeze(-1)
-        Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
-        alpha = torch.exp(P.unsqueeze(-1) - Mi)
-        tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
-        E = (sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill_(~tril, -math.inf).exp_()
-        QK = fq @ fk.transpose(-1, -2)
-        nd = (QK * E) @ v1
-        nd.addcmul_(alpha.unsqueeze(-1), fq @ Sz)
-        den = nd[..., e]
-        Rtot = torch.addcmul(E.sum(-1), alpha, R.unsqueeze(-1))
-        seen = Rtot > 0
-        den_wins = den >= eps * Rtot
-        r = torch.where(seen, 1.0 / torch.where(den_wins, den, eps * Rtot), 0.0)
-        out = nd[..., :e] * r.unsqueeze(-1)
-        ctx.save_for_backward(*inputs, fq, fk, v1, w, Sz, alpha, E, QK, nd, r, den_wins)
-        ctx.plan, ctx.eps, ctx.chunk = plan, eps, chunk
-        return out.reshape(B, H, C * chunk, e)[:, :, :N]
-
-    @staticmethod
-    def backward(ctx, dout):
-        inputs, saved = ctx.saved_tensors[:4], ctx.saved_tensors[4:]
-        if torch.is_grad_enabled():   # create_graph: differentiate the autograd form
-            wanted = [x for x, need in zip(inputs, ctx.needs_input_grad) if need]
-            grads = iter(torch.autograd.grad(_causal_chunked(*inputs, ctx.eps, ctx.chunk), wanted, dout,
-                                             create_graph=True))
-            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:4]), None, None)
-        fq, fk, v1, w, Sz, alpha, E, QK, nd, r, den_wins = saved
-        B, H, C, T, F = fq.shape
-        e, N = v1.shape[-1] - 1, inputs[0].shape[2]
-        if C * T != N:
-            dout = torch.nn.functional.pad(dout, (0, 0, 0, C * T - N))
-        dout = dout.reshape(B, H, C, T, e)
-        # out = num r with r = 1 / max(den, eps Rtot) (0 for rows without keys)
-        dg = (dout * nd[..., :e]).sum(-1).mul_(r * r).neg_()
-        dnd = torch.empty_like(nd)
-        torch.mul(dout, r.unsqueeze(-1), out=dnd[..., :e])
-        dnd[..., e] = torch.where(den_wins, dg, 0.0)
-        dRtot = torch.where(den_wins, 0.0, dg * ctx.eps)
-        # nd = (QK E) v1 + alpha (fq Sz), Rtot = sum_j E + alpha R
-        dA = dnd @ v1.transpose(-1, -2)
-        dQK = dA * E
-        dv1 = (QK * E).transpose(-1, -2) @ dnd
-        dnda = dnd * alpha.unsqueeze(-1)
-        dfq = dQK @ fk
-        dfq.view(-1, T, F).baddbmm_(dnda.flatten(0, 2), Sz.flatten(0, 2).transpose(-1, -2))
-        dfk = dQK.transpose(-1, -2) @ fq
-        dE = dA.mul_(QK).add_(dRtot.unsqueeze(-1))
-        dsk = (dE.mul_(E)).sum(-2)
-        # the carried sums: the transpose of the prefix over chunks
-        dX = (fq.transpose(-1, -2) @ dnda).view(B, H, C, F * (e + 1))
-        dY = _prefix_apply_t(ctx.plan, dX)
-        dY = dY.view(B, H, C, F, e + 1)
-        dRsum = _prefix_apply_t(ctx.plan, (alpha * dRtot).sum(-1, keepdim=True))
-        # each chunk's own sums Y = fk^T (w v1) and sum_j w
-        wv1 = w.unsqueeze(-1) * v1
-        dfk.view(-1, T, F).baddbmm_(wv1.flatten(0, 2), dY.flatten(0, 2).transpose(-1, -2))
-        dwv1 = fk @ dY
-        dv1.addcmul_(w.unsqueeze(-1), dwv1)
-        dw = (dwv1 * v1).sum(-1).add_(dRsum)
-        dsk.addcmul_(dw, w)
-        unchunk = lambda x: x.reshape(B, H, C * T, *x.shape[4:])[:, :, :N]  # noqa: E731
-        return unchunk(dfq), unchunk(dfk), unchunk(dsk.unsqueeze(-1)).squeeze(-1), unchunk(dv1[..., :e]), None, None
-
-
-def _causal_fast(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int) -> Tensor:
-    """The causal core the torch backend runs: :func:`_causal_chunked`'s values with a
-    hand-written backward (:class:`_CausalCore`)."""
-    return _CausalCore.apply(fq, fk, sk, v, eps, chunk)
 
 
 def _softmax(q, k, v, causal, key_mask, scale=None):
