@@ -76,8 +76,11 @@ def fourier_features_torch(torch, x, W, pairs: int):
                 else:
                     c = torch.cos(u).view(B, H, N, pairs, m)
                     s = torch.sin(u, out=u).view(B, H, N, pairs, m)
-                    torch.sum(c, -2, out=f[:, :, :, 0])
-                    torch.sum(s, -2, out=f[:, :, :, 1])
+                    for part, t in enumerate((c, s)):
+                        if pairs == 2:   # one add: a reduction over an axis of 2 zero-fills first
+                            torch.add(t[:, :, :, 0], t[:, :, :, 1], out=f[:, :, :, part])
+                        else:
+                            torch.sum(t, -2, out=f[:, :, :, part])
                 return f.mul_(1.0 / (pairs * math.sqrt(m))).view(B, H, N, 2 * m), c, s
 
             @staticmethod

@@ -1,4 +1,4 @@
-"""The PyTorch backend's causal form: every chunk at once (a log-depth scan carries the
+"""The PyTorch backend's causal form: every chunk at once (a prefix over the chunks carries the
 state) gives the one-chunk-after-another reference and the C kernels to rounding, stays
 finite where key weights jump by hundreds in the exponent, and runs bfloat16 and float16
 inputs with float32 sums."""
@@ -129,7 +129,7 @@ def test_chunked_form_gradcheck_and_second_derivatives():
     assert torch.autograd.gradgradcheck(lambda *a: _causal_chunked(*a, 1e-4, 64), small)
 
 
-@pytest.mark.parametrize("pairs", [1, 2])
+@pytest.mark.parametrize("pairs", [1, 2, 3])
 @pytest.mark.parametrize("B", [1, 3])
 def test_fused_fourier_features_against_the_formula(pairs, B):
     """f = (pairs^2 m)^-1/2 [sum cos(W_p x), sum sin(W_p x)]: values from the plain formula,

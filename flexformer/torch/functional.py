@@ -209,9 +209,12 @@ def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, c
     # masked before exp: above the diagonal exp could overflow (and give 0 * inf in the backward)
     E = torch.exp((sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill(~tril, -math.inf))
     A = (fq @ fk.transpose(-1, -2)) * E
-    nd = A @ v1 + alpha.unsqueeze(-1) * (fq @ Sz)
-    out = _normalise(nd[..., :e], nd[..., e], E.sum(-1) + alpha * R.unsqueeze(-1), eps)
-    return out.reshape(B, H, C * chunk, e)[:, :, :N]
+    nd = (A @ v1).addcmul_(alpha.unsqueeze(-1), fq @ Sz)
+    # split, not sliced: the backward joins the two gradients instead of zero-filling twice
+    num, den = nd.split([e, 1], -1)
+    out = _normalise(num, den.squeeze(-1), E.sum(-1) + alpha * R.unsqueeze(-1), eps)
+    out = out.reshape(B, H, C * chunk, e)
+    return out[:, :, :N] if pad else out
 
 
 def _softmax(q, k, v, causal, key_mask, scale=None):
