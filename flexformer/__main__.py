@@ -90,105 +90,16 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from .training import TASK_DEFAULTS, TASK_DEFAULT_LR, TASKS, TrainConfig
+    """``flexformer train``'s configuration options, one per TrainConfig field (gradient
+    clipping and the dtype stay at their defaults here)."""
+    from .training.options import add_train_options
 
-    d = TrainConfig()
-    p.add_argument("--task", default=d.task, help=f"one of {', '.join(TASKS)} (default {d.task})")
-    p.add_argument("--attention", default=d.attention, help="attention kind (default flex_n); "
-                   "see flexformer.attention_kinds()")
-    p.add_argument("--dim", type=int, default=d.dim, help=f"model width (default {d.dim})")
-    p.add_argument("--depth", type=int, default=d.depth, help=f"blocks (default {d.depth})")
-    p.add_argument("--heads", type=int, default=d.heads, help=f"attention heads (default {d.heads})")
-    p.add_argument("--features", type=int, default=None, help="m for feature-map kinds, kp for linformer")
-    p.add_argument("--linformer-sharing", default=d.linformer_sharing,
-                   help="none, headwise, key-value or layerwise (default none)")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"sequence length (default {d.seq_len}); "
-                   "pathfinder: the image's pixels, 256 (16 x 16) or 1024 (32 x 32)")
-    p.add_argument("--positional", default=d.positional, help="learned (default) or sinusoidal positions "
-                   "(sinusoidal ones extend past --seq-len when generating)")
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"training steps (default {d.steps}; with --resume: a new total)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per step (default {d.batch_size})")
-    p.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (default: the task's, " + ", ".join(
-                       f"{t} {lr:g}" for t, lr in TASK_DEFAULT_LR.items()) + "; docs/journal/results-log.md section 13)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay,
-                   help=f"AdamW weight decay (default {d.weight_decay})")
-    p.add_argument("--warmup", type=int, default=d.warmup, help=f"warmup steps (default {d.warmup})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the initialisation and the data order "
-                   f"(default {d.seed})")
-    p.add_argument("--threads", type=int, default=0, help="kernel threads (default: OpenMP's)")
-    p.add_argument("--data-dir", default=None, help="data folder (fmnist, text-lm, text-cls, retrieval)")
-    p.add_argument("--eval-batches", type=int, default=d.eval_batches,
-                   help=f"held-out batches in the final evaluation (default {d.eval_batches})")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                   help=f"steps between checkpoints (default {d.checkpoint_every})")
-    kernel_init_args(p)
-    p.add_argument("--kernel-lr-scale", type=float, default=d.kernel_lr_scale,
-                   help=f"learning-rate multiplier for the attention-kernel parameters (default {d.kernel_lr_scale})")
-    p.add_argument("--attention-eps", type=float, default=None,
-                   help="denominator guard of the linear kinds (default flexformer.DEFAULT_EPS = 1e-4)")
-    p.add_argument("--qk-norm", action="store_true",
-                   help="scale queries and keys to a learned length per head before the kernel")
-    p.add_argument("--learn-scale", action="store_true",
-                   help="multiply queries and keys by a learned factor per head before the kernel (for "
-                        "flex_s: a learned bandwidth, as tau is for flex_n)")
-    p.add_argument("--short-conv", type=int, default=None, metavar="WIDTH",
-                   help="width of a causal depthwise convolution on queries, keys and values after their "
-                        "projections (a local window for the linear kinds); 0 = none (default: the task's, "
-                        + ", ".join(f"{t} {v['short_conv']}" for t, v in TASK_DEFAULTS.items())
-                        + "; docs/journal/results-log.md section 15)")
-    p.add_argument("--diagnostics-every", type=int, default=d.diagnostics_every,
-                   help=f"steps between per-layer kernel diagnostics in diagnostics.jsonl; 0 = off "
-                        f"(default {d.diagnostics_every})")
-
-
-def kernel_init_args(p: argparse.ArgumentParser, match_tau: Optional[bool] = None,
-                     scale: Optional[float] = None) -> None:
-    """The attention kernel's initialisation options (shared with the torch trainer and
-    distillation); ``match_tau`` and ``scale`` override the default start of this command."""
-    from .init import DEFAULT_MATCH_TAU, DEFAULT_SCALE, DEFAULT_SPREAD
-
-    scale = DEFAULT_SCALE if scale is None else scale
-    p.add_argument("--kernel-init-scale", type=float, default=scale,
-                   help="bandwidth scale s of the initial frequencies of flex_s, flex_n and rfa: rows "
-                        f"~ N(0, s^2 I / sqrt d); 1 = the unbiased softmax estimate (default {scale})")
-    p.add_argument("--kernel-init-spread", type=float, default=DEFAULT_SPREAD,
-                   help="spread r in [0, 1] between flex_n's initial omega1 and omega2; 0 = equal "
-                        f"(default {DEFAULT_SPREAD})")
-    match_tau = DEFAULT_MATCH_TAU if match_tau is None else match_tau
-    tau = p.add_mutually_exclusive_group()
-    tau.add_argument("--kernel-init-fixed-tau", dest="kernel_init_match_tau", action="store_false",
-                     help="flex_n's initial tau = log(2 sqrt d) at any scale, the norm factor of flex_s"
-                          + (" (default)" if not match_tau else ""))
-    tau.add_argument("--kernel-init-matched-tau", dest="kernel_init_match_tau", action="store_true",
-                     help="flex_n's initial tau = log(2 sqrt d / s^2): the start estimates exp(s^2 q.k / sqrt d)"
-                          + (" (default)" if match_tau else ""))
-    p.set_defaults(kernel_init_match_tau=match_tau)
-
-
-def _config_from(args):
-    from .training import TrainConfig
-
-    return TrainConfig(task=args.task, attention=args.attention, dim=args.dim, depth=args.depth,
-                       heads=args.heads, num_features=args.features, linformer_sharing=args.linformer_sharing,
-                       positional=args.positional, seq_len=args.seq_len,
-                       steps=TrainConfig.steps if args.steps is None else args.steps,
-                       batch_size=args.batch_size, lr=args.lr,
-                       weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
-                       threads=args.threads, data_dir=args.data_dir, eval_batches=args.eval_batches,
-                       checkpoint_every=args.checkpoint_every, kernel_init_scale=args.kernel_init_scale,
-                       kernel_init_spread=args.kernel_init_spread,
-                       kernel_init_match_tau=args.kernel_init_match_tau, diagnostics_every=args.diagnostics_every,
-                       kernel_lr_scale=args.kernel_lr_scale, attention_eps=args.attention_eps,
-                       qk_norm=args.qk_norm, learn_scale=args.learn_scale, short_conv=args.short_conv)
+    add_train_options(p, exclude=("clip", "dtype"))
 
 
 #: train flags that may differ from a resumed run's saved configuration (runtime only, or
 #: the new total); any other flag given with --resume must repeat the saved value
 RESUME_MAY_CHANGE = ("steps", "threads", "quiet", "resume")
-#: where a train flag's value lives in TrainConfig, when the names differ
-_CONFIG_NAME = {"features": "num_features"}
 
 
 def _given_options(parser: argparse.ArgumentParser, argv: List[str]) -> List[argparse.Action]:
@@ -212,7 +123,7 @@ def check_resume_flags(args, argv: List[str], parser: argparse.ArgumentParser, s
                                  f"folder)")
             continue
         value = getattr(args, dest)
-        field = _CONFIG_NAME.get(dest, dest)
+        field = dest   # each option's dest is its TrainConfig field
         have = getattr(saved, field)
         if value != have:
             flag = action.option_strings[0]
@@ -222,9 +133,10 @@ def check_resume_flags(args, argv: List[str], parser: argparse.ArgumentParser, s
 
 def train_command(args, argv: Optional[List[str]] = None, parser: Optional[argparse.ArgumentParser] = None) -> int:
     from .training import TrainConfig, train
+    from .training.options import config_from_options
     from .training.checkpoint import load_meta as load_checkpoint_meta
 
-    cfg = _config_from(args)
+    cfg = config_from_options(args)
     if args.resume:
         out = args.resume
         ckpt = os.path.join(out, "checkpoint.npz")
@@ -413,6 +325,8 @@ def distill_command(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .training.options import kernel_init_args
+
     parser = argparse.ArgumentParser(prog="flexformer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="`flexformer COMMAND --help` lists a command's options; "

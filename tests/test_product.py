@@ -55,6 +55,33 @@ def test_every_option_of_every_command_has_help_text():
     assert not missing, f"options without help text: {missing}"
 
 
+def test_train_options_come_from_the_config_fields():
+    """One place per option: every TrainConfig field (but clip and dtype) is an option of
+    `flexformer train` with the field's help, no option given gives TrainConfig(), and
+    each option given lands in its field."""
+    import dataclasses
+
+    from flexformer.training import TrainConfig
+    from flexformer.training.options import config_from_options, option_name
+
+    train = build_parser().train_parser
+    by_dest = {a.dest: a for a in train._actions if a.option_strings}
+    for field in dataclasses.fields(TrainConfig):
+        if field.name in ("clip", "dtype"):
+            assert field.name not in by_dest
+            continue
+        assert field.name in by_dest, field.name
+        if field.name != "kernel_init_match_tau":   # a pair of flags, --kernel-init-{fixed,matched}-tau
+            assert field.metadata["help"].split(";")[0] in by_dest[field.name].help
+    assert config_from_options(train.parse_args([])) == TrainConfig()
+    given = ["--features", "8", "--lr", "0.002", "--qk-norm", "--short-conv", "3", "--seq-len", "64",
+             "--kernel-init-scale", "0.5", "--kernel-init-fixed-tau"]
+    cfg = config_from_options(train.parse_args(given))
+    assert (cfg.num_features, cfg.lr, cfg.qk_norm, cfg.short_conv, cfg.seq_len) == (8, 0.002, True, 3, 64)
+    assert (cfg.kernel_init_scale, cfg.kernel_init_match_tau) == (0.5, False)
+    assert option_name(next(f for f in dataclasses.fields(TrainConfig) if f.name == "num_features")) == "--features"
+
+
 def test_console_script_is_declared_and_names_the_same_entry():
     scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts")
                if e.name == "flexformer"}

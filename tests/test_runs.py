@@ -321,16 +321,17 @@ def test_the_kernels_report_exactly_whether_their_results_are_finite(kind, causa
 
 
 def test_the_short_convolution_defaults_per_task_and_a_given_or_saved_one_wins():
-    from flexformer.__main__ import _config_from, build_parser
+    from flexformer.__main__ import build_parser
+    from flexformer.training.options import config_from_options
     from flexformer.training import TASK_DEFAULTS, TASKS
 
     assert tuple(TASK_DEFAULTS) == TASKS
     for task, defaults in TASK_DEFAULTS.items():
         assert TrainConfig(task=task).short_conv == defaults["short_conv"]
-        assert _config_from(build_parser().parse_args(["train", "--task", task])).short_conv == defaults["short_conv"]
+        assert config_from_options(build_parser().parse_args(["train", "--task", task])).short_conv == defaults["short_conv"]
     assert TASK_DEFAULTS["text-lm"]["short_conv"] == 4 and TASK_DEFAULTS["listops"]["short_conv"] == 0
     args = build_parser().parse_args(["train", "--task", "text-lm", "--short-conv", "0"])
-    assert _config_from(args).short_conv == 0
+    assert config_from_options(args).short_conv == 0
     # a text-lm run saved before the option existed loads as it was trained: without convolutions
     assert TrainConfig.from_saved({"task": "text-lm", "lr": 3e-3}).short_conv == 0
     for bad in (1, -2, True, 2.0):
@@ -339,17 +340,18 @@ def test_the_short_convolution_defaults_per_task_and_a_given_or_saved_one_wins()
 
 
 def test_the_learning_rate_defaults_per_task_and_a_given_or_saved_one_wins():
-    from flexformer.__main__ import _config_from, build_parser
+    from flexformer.__main__ import build_parser
+    from flexformer.training.options import config_from_options
     from flexformer.training import TASK_DEFAULT_LR, TASKS
 
     assert tuple(TASK_DEFAULT_LR) == TASKS
     for task, lr in TASK_DEFAULT_LR.items():
         assert TrainConfig(task=task).lr == lr
         args = build_parser().parse_args(["train", "--task", task])
-        assert _config_from(args).lr == lr
+        assert config_from_options(args).lr == lr
     assert TASK_DEFAULT_LR["text-lm"] != TASK_DEFAULT_LR["listops"]  # the measured exception
     args = build_parser().parse_args(["train", "--task", "text-lm", "--lr", "1e-3"])
-    assert _config_from(args).lr == 1e-3
+    assert config_from_options(args).lr == 1e-3
     # a text-lm run saved before the per-task default resumes at the rate it was trained with
     assert TrainConfig.from_saved({"task": "text-lm", "lr": 1e-3}).lr == 1e-3
     with pytest.raises(ValueError, match="lr must be a finite number > 0, got True"):

@@ -284,3 +284,14 @@ def test_checkpoint_from_the_train_command_loads_into_torch(tmp_path):
     got, want, cfg = _torch_and_numpy_logits(run)
     assert cfg.attention == "flex_n"
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_torch_trainer_options_come_from_the_config_fields():
+    from flexformer.torch.train import parse_args
+    from flexformer.training import TrainConfig
+    from flexformer.training.options import config_from_options
+
+    assert config_from_options(parse_args([])) == TrainConfig()
+    cfg = config_from_options(parse_args(["--clip", "0.5", "--dtype", "float64", "--features", "4",
+                                          "--kernel-init-matched-tau"]))
+    assert (cfg.clip, cfg.dtype, cfg.num_features, cfg.kernel_init_match_tau) == (0.5, "float64", 4, True)

@@ -35,42 +35,26 @@ from .._progress import ProgressLine
 from ..training import TrainConfig
 from ..training.loop import batch_for, batch_tokens, build_data, build_model, prepare_run_folder
 from ..training.optim import lr_at
-from ..__main__ import kernel_init_args
+from ..training.options import add_train_options, config_from_options
 from .nn import load_numpy_parameters, model_for_config, numpy_names, save_numpy_checkpoint
 
 
+#: the TrainConfig fields this trainer takes as options (flexformer.training.options)
+OPTIONS = ("task", "attention", "dim", "depth", "heads", "num_features", "positional", "seq_len", "steps",
+           "batch_size", "lr", "weight_decay", "warmup", "clip", "seed", "dtype", "data_dir", "eval_batches",
+           "threads", "kernel_init_scale", "kernel_init_spread", "kernel_init_match_tau", "short_conv")
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    d = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m flexformer.torch.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default=d.task, help="listops, fmnist, pathfinder, text-lm or text-cls")
-    p.add_argument("--attention", default=d.attention)
-    p.add_argument("--dim", type=int, default=d.dim)
-    p.add_argument("--depth", type=int, default=d.depth)
-    p.add_argument("--heads", type=int, default=d.heads)
-    p.add_argument("--features", type=int, default=None)
-    p.add_argument("--positional", default=d.positional)
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split over processes)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the task's, "
-                   "flexformer.training.TASK_DEFAULT_LR)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--clip", type=float, default=d.clip)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--dtype", default=d.dtype, help="float32 or float64")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
-    p.add_argument("--threads", type=int, default=0, help="threads per process (default: cores / processes)")
+    add_train_options(p, include=OPTIONS, help={
+        "batch_size": "global batch, split over processes (default 16)",
+        "threads": "threads per process; 0 = cores / processes (default 0)"})
     p.add_argument("--backend", default="auto", help="attention backend: auto, c or torch")
-    kernel_init_args(p)
-    p.add_argument("--short-conv", type=int, default=None, metavar="WIDTH",
-                   help="width of the causal depthwise convolution on queries, keys and values (0 = none; "
-                        "default: the task's, flexformer.training.TASK_DEFAULTS)")
     p.add_argument("--out", default=None, help="run folder (default runs/torch-TASK-ATTENTION-TIME)")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 
 
@@ -115,13 +99,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
     set_num_threads(threads)
-    cfg = TrainConfig(task=args.task, attention=args.attention, dim=args.dim, depth=args.depth, heads=args.heads,
-                      num_features=args.features, positional=args.positional, seq_len=args.seq_len,
-                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                      warmup=args.warmup, clip=args.clip, seed=args.seed, data_dir=args.data_dir,
-                      eval_batches=args.eval_batches, dtype=args.dtype, threads=threads,
-                      kernel_init_scale=args.kernel_init_scale, kernel_init_spread=args.kernel_init_spread,
-                      kernel_init_match_tau=args.kernel_init_match_tau, short_conv=args.short_conv)
+    cfg = config_from_options(args, threads=threads)
     out = args.out or os.path.join("runs", f"torch-{cfg.task}-{cfg.attention}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         cfg.validate()

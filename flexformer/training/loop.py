@@ -45,6 +45,13 @@ TASK_DEFAULT_LR = {task: defaults["lr"] for task, defaults in TASK_DEFAULTS.item
 TEXT_TASKS = ("text-lm", "text-cls", "retrieval")
 
 
+def _option(default, help: str, **cli):
+    """A TrainConfig field with its command-line help (and ``flag`` or ``metavar`` where the
+    option differs from the field's name): :mod:`flexformer.training.options` builds the
+    options from these."""
+    return dataclasses.field(default=default, metadata={"help": help, **cli})
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a run (saved in the checkpoint; ``--resume`` reuses it);
@@ -53,9 +60,10 @@ class TrainConfig:
     Parameters
     ----------
     **fields
-        One per option of ``flexformer train``, under the option's name with dashes as
-        underscores (``--features`` is ``num_features``); ``flexformer train --help``
-        gives each one's meaning and default. ``lr`` and ``short_conv`` left as None take
+        Each field carries its help text, from which :mod:`flexformer.training.options`
+        builds the options of ``flexformer train`` (the field's name with dashes:
+        ``--seq-len``; ``--features`` is ``num_features``) and of
+        ``python -m flexformer.torch.train``. ``lr`` and ``short_conv`` left as None take
         the task's defaults (``TASK_DEFAULTS``).
 
     Examples
@@ -67,47 +75,50 @@ class TrainConfig:
     (64, 4)
     """
 
-    task: str = "listops"
-    attention: str = "flex_n"
-    dim: int = 64
-    depth: int = 2
-    heads: int = 4
-    num_features: Optional[int] = None
-    linformer_sharing: str = "none"
-    positional: str = "learned"
-    seq_len: int = 128
-    steps: int = 600
-    batch_size: int = 16
-    #: peak learning rate; None = the task's default (TASK_DEFAULT_LR), set on construction
-    lr: Optional[float] = None
-    weight_decay: float = 0.01
-    warmup: int = 50
-    clip: float = 1.0
-    seed: int = 0
-    threads: int = 0
-    data_dir: Optional[str] = None
-    eval_batches: int = 64
-    checkpoint_every: int = 100
-    dtype: str = "float32"
-    #: bandwidth scale of the trig kinds' initial frequencies (flex_s, flex_n, rfa)
-    kernel_init_scale: float = DEFAULT_SCALE
-    #: spread between flex_n's initial omega1 and omega2 (0 = equal)
-    kernel_init_spread: float = DEFAULT_SPREAD
-    #: flex_n's initial tau follows the scale (log(2 sqrt d / s^2)) or stays log(2 sqrt d)
-    kernel_init_match_tau: bool = DEFAULT_MATCH_TAU
-    #: steps between diagnostics records (diagnostics.jsonl); 0 = none
-    diagnostics_every: int = 50
-    #: learning-rate multiplier of the attention-kernel parameters
-    kernel_lr_scale: float = 1.0
-    #: the linear kinds' denominator guard (None: flexformer.DEFAULT_EPS)
-    attention_eps: Optional[float] = None
-    #: queries and keys scaled to a learned length per head before the kernel
-    qk_norm: bool = False
-    #: queries and keys multiplied by a learned factor per head (flex_s: a learned bandwidth)
-    learn_scale: bool = False
-    #: width of a causal depthwise convolution on queries, keys and values (0 = none);
+    task: str = _option("listops", "one of " + ", ".join(TASKS))
+    attention: str = _option("flex_n", "attention kind; see flexformer.attention_kinds()")
+    dim: int = _option(64, "model width")
+    depth: int = _option(2, "blocks")
+    heads: int = _option(4, "attention heads")
+    num_features: Optional[int] = _option(None, "m for feature-map kinds, kp for linformer (default: the "
+                                          "kind's)", flag="--features", metavar="M")
+    linformer_sharing: str = _option("none", "none, headwise, key-value or layerwise")
+    positional: str = _option("learned", "learned or sinusoidal positions (sinusoidal ones extend past "
+                              "--seq-len when generating)")
+    seq_len: int = _option(128, "sequence length; pathfinder: the image's pixels, 256 (16 x 16) or "
+                           "1024 (32 x 32)")
+    steps: int = _option(600, "training steps; with --resume, a new total")
+    batch_size: int = _option(16, "sequences per step")
     #: None = the task's default (TASK_DEFAULTS), set on construction
-    short_conv: Optional[int] = None
+    lr: Optional[float] = _option(None, "peak learning rate")
+    weight_decay: float = _option(0.01, "AdamW weight decay")
+    warmup: int = _option(50, "warmup steps")
+    clip: float = _option(1.0, "global gradient-norm clipping; 0 = none")
+    seed: int = _option(0, "seed of the initialisation and the data order")
+    threads: int = _option(0, "kernel threads; 0 = OpenMP's")
+    data_dir: Optional[str] = _option(None, "data folder (fmnist, text-lm, text-cls, retrieval)")
+    eval_batches: int = _option(64, "held-out batches in the final evaluation")
+    checkpoint_every: int = _option(100, "steps between checkpoints")
+    dtype: str = _option("float32", "float32 or float64")
+    kernel_init_scale: float = _option(DEFAULT_SCALE, "bandwidth scale s of the initial frequencies of "
+                                       "flex_s, flex_n and rfa: rows ~ N(0, s^2 I / sqrt d); 1 = the unbiased "
+                                       "softmax estimate")
+    kernel_init_spread: float = _option(DEFAULT_SPREAD, "spread r in [0, 1] between flex_n's initial omega1 "
+                                        "and omega2; 0 = equal")
+    kernel_init_match_tau: bool = _option(DEFAULT_MATCH_TAU, "flex_n's initial tau follows the scale "
+                                          "(log(2 sqrt d / s^2)) or stays log(2 sqrt d)")
+    diagnostics_every: int = _option(50, "steps between per-layer kernel diagnostics in diagnostics.jsonl; "
+                                     "0 = off")
+    kernel_lr_scale: float = _option(1.0, "learning-rate multiplier for the attention-kernel parameters")
+    attention_eps: Optional[float] = _option(None, "denominator guard of the linear kinds (default "
+                                             "flexformer.DEFAULT_EPS = 1e-4)")
+    qk_norm: bool = _option(False, "scale queries and keys to a learned length per head before the kernel")
+    learn_scale: bool = _option(False, "multiply queries and keys by a learned factor per head before the "
+                                "kernel (for flex_s: a learned bandwidth, as tau is for flex_n)")
+    #: None = the task's default (TASK_DEFAULTS), set on construction
+    short_conv: Optional[int] = _option(None, "width of a causal depthwise convolution on queries, keys and "
+                                        "values after their projections (a local window for the linear "
+                                        "kinds); 0 = none", metavar="WIDTH")
 
     #: what a configuration saved before a field existed meant (checkpoints of earlier
     #: versions load with the initialisation they were trained with)
