@@ -22,8 +22,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import __version__, flex_n_attention, flex_n_attention_backward, get_num_threads, init
-from . import openmp_enabled, reference, set_num_threads
+from . import init, reference
+from ._version import __version__
+from .attention import flex_n_attention, flex_n_attention_backward
+from .runtime import get_num_threads, openmp_enabled, set_num_threads
 from ._timing import median_seconds
 from .distill import DISTILL_KINDS
 from .distill.experiment import DISTILL_DECAY, DISTILL_INIT

@@ -41,7 +41,7 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-from . import _C
+from .runtime import _C
 from ._checks import check_bool, check_overflow, check_real
 
 DEFAULT_EPS = 1e-4

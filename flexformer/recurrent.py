@@ -31,7 +31,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _C
+from .runtime import _C
 from . import attention as lin
 from ._checks import check_overflow, check_real
 from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params

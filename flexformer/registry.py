@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _C
+from .runtime import _C
 from . import attention as lin
 from . import features as fm
 from . import init as initialisers

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import _C
+from .runtime import _C
 from ._checks import check_bool, check_overflow, check_real
 
 

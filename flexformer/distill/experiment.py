@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .. import get_attention
+from ..registry import get_attention
 from ..diagnostics import parameter_summary
 from . import DISTILL_KINDS, evaluate, fit_kernels, teacher_entropy
 from .bert import encode, kernel_attention_fn, read_sentences, sentence_embeddings, tokenize

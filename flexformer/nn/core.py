@@ -12,7 +12,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .. import _C
+from ..runtime import _C
 
 
 class Parameter:

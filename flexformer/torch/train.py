@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import set_num_threads
+from ..runtime import set_num_threads
 from .._progress import ProgressLine
 from ..training import TrainConfig
 from ..training.loop import batch_for, batch_tokens, build_data, build_model, prepare_run_folder

@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 
 from .._progress import ProgressLine
-from ..threads import set_num_threads
+from ..runtime import set_num_threads
 from ..init import DEFAULT_MATCH_TAU, DEFAULT_SCALE, DEFAULT_SPREAD, check_scale, check_spread
 from ..nn import CausalLM, EncoderClassifier, TwoTowerClassifier, cross_entropy
 from ..nn.core import check_short_conv
