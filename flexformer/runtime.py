@@ -97,6 +97,13 @@ def get_num_threads() -> int:
     return int(_C.get_num_threads())
 
 
+def _mib(mib) -> float:
+    """A budget in MiB as a float; the C side checks the range (0 to 1,048,576)."""
+    if isinstance(mib, bool) or not isinstance(mib, (int, float, np.integer, np.floating)):
+        raise TypeError(f"mib must be a number, got {type(mib).__name__}")
+    return float(mib)
+
+
 def set_buffer_cache(mib: float) -> None:
     """Bound the memory kept for reuse between kernel calls, in MiB (default 256; 0 keeps
     nothing and frees what is kept).
@@ -128,9 +135,7 @@ def set_buffer_cache(mib: float) -> None:
     True
     >>> ff.set_buffer_cache(256)
     """
-    if isinstance(mib, bool) or not isinstance(mib, (int, float, np.integer, np.floating)):
-        raise TypeError(f"mib must be a number, got {type(mib).__name__}")
-    _C.set_buffer_cache(float(mib))  # the range (0 to 1048576) is checked there
+    _C.set_buffer_cache(_mib(mib))
 
 
 def _budget_from_environment(variable: str, setter) -> None:
@@ -171,9 +176,7 @@ def set_causal_cache(mib: float) -> None:
     True
     >>> ff.set_causal_cache(256)
     """
-    if isinstance(mib, bool) or not isinstance(mib, (int, float, np.integer, np.floating)):
-        raise TypeError(f"mib must be a number, got {type(mib).__name__}")
-    _C.set_causal_cache(float(mib))  # the range (0 to 1048576) is checked there
+    _C.set_causal_cache(_mib(mib))
 
 
 def causal_cache_limit() -> int:
