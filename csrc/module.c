@@ -820,80 +820,115 @@ static int bool_keyword(PyObject *val, const char *name, int *flag)
 /* Parse (dout,) q, k, v, params... and the keywords key_mask, causal and eps (linear
  * kinds, with return_key_state on the forward and key_state on the backward) or scale
  * (softmax kinds), by name or position, then check and run. */
+/* The keyword-only options of the attention entries; which ones an entry takes depends on
+ * its kind (linear or not, keeps projections or not) and direction (entry_signature). */
+enum entry_option {
+    OPT_KEY_MASK,
+    OPT_CAUSAL,
+    OPT_EPS,
+    OPT_KEY_STATE,
+    OPT_RETURN_KEY_STATE,
+    OPT_PROJECTIONS,
+    OPT_RETURN_PROJECTIONS,
+    OPT_STATE,
+    OPT_SCALE,
+    OPT_REPORT_FINITE,
+    OPT_COUNT
+};
+static const char *const OPTION_NAMES[OPT_COUNT] = {
+    "key_mask", "causal", "eps", "key_state", "return_key_state", "projections", "return_projections",
+    "state", "scale", "report_finite"};
+
+enum { MAX_ARRAYS = 7, MAX_SLOTS = MAX_ARRAYS + OPT_COUNT };
+_Static_assert(MAX_SLOTS == 17, "attn_entry hands the parser 17 slots");
+
+/* An entry's arguments for PyArg_ParseTupleAndKeywords, built once at import from OPS: the
+ * arrays ([dout,] q, k, v, parameters: positional or by name), then the options it takes
+ * (by name only), and the format "OOOO|$OO...:<kind>_<direction>". */
+typedef struct {
+    char *kwlist[MAX_SLOTS + 1];
+    enum entry_option options[OPT_COUNT];
+    int narrays, noptions;
+    char format[MAX_SLOTS + 48];
+} entry_signature;
+static entry_signature SIGNATURES[OP_COUNT][2];
+
+static void build_signatures(void)
+{
+    static const char *const kind_names[] = {
+#define X(name, ...) #name,
+        FF_KINDS(X)
+#undef X
+    };
+    for (int op = 0; op < OP_COUNT; ++op)
+        for (int backward = 0; backward < 2; ++backward) {
+            const op_spec *sp = &OPS[op];
+            entry_signature *sig = &SIGNATURES[op][backward];
+            int n = 0, k = 0;
+            if (backward)
+                sig->kwlist[n++] = (char *)"dout";
+            sig->kwlist[n++] = (char *)sp->qname;
+            sig->kwlist[n++] = (char *)sp->kname;
+            sig->kwlist[n++] = (char *)"v";
+            for (int i = 0; i < sp->nparams; ++i)
+                sig->kwlist[n++] = (char *)sp->params[i].name;
+            sig->narrays = n;
+            const int takes[OPT_COUNT] = {
+                [OPT_KEY_MASK] = 1,
+                [OPT_CAUSAL] = 1,
+                [OPT_EPS] = sp->linear,
+                [OPT_KEY_STATE] = sp->linear && backward,
+                [OPT_RETURN_KEY_STATE] = sp->linear && !backward,
+                [OPT_PROJECTIONS] = sp->keeps_projections && backward,
+                [OPT_RETURN_PROJECTIONS] = sp->keeps_projections && !backward,
+                [OPT_STATE] = sp->linear && !backward,
+                [OPT_SCALE] = !sp->linear,
+                [OPT_REPORT_FINITE] = 1,
+            };
+            for (int o = 0; o < OPT_COUNT; ++o)
+                if (takes[o]) {
+                    sig->options[k++] = (enum entry_option)o;
+                    sig->kwlist[n++] = (char *)OPTION_NAMES[o];
+                }
+            sig->noptions = k;
+            sig->kwlist[n] = NULL;
+            char *f = sig->format;
+            for (int i = 0; i < sig->narrays; ++i)
+                *f++ = 'O';
+            *f++ = '|';
+            *f++ = '$';
+            for (int i = 0; i < k; ++i)
+                *f++ = 'O';
+            snprintf(f, sizeof sig->format - (size_t)(f - sig->format), ":%s_%s", kind_names[op],
+                     backward ? "backward" : "forward");
+        }
+}
+
 static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObject *kwargs)
 {
     const op_spec *sp = &OPS[op];
-    const char *names[8] = {NULL};
-    PyObject *values[8] = {NULL};
-    int n = 0;
-    if (backward)
-        names[n++] = "dout";
-    names[n++] = sp->qname;
-    names[n++] = sp->kname;
-    names[n++] = "v";
-    for (int i = 0; i < sp->nparams; ++i)
-        names[n++] = sp->params[i].name;
-    const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    if (nargs > n) {
-        PyErr_Format(PyExc_TypeError, "expected %d positional arguments, got %zd", n, nargs);
+    const entry_signature *sig = &SIGNATURES[op][backward];
+    PyObject *slot[MAX_SLOTS] = {NULL};
+    /* CPython's own parser: positional or named arrays, named options, its own messages */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, sig->format, (char **)sig->kwlist, &slot[0], &slot[1],
+                                     &slot[2], &slot[3], &slot[4], &slot[5], &slot[6], &slot[7], &slot[8],
+                                     &slot[9], &slot[10], &slot[11], &slot[12], &slot[13], &slot[14],
+                                     &slot[15], &slot[16]))
         return NULL;
-    }
-    for (int i = 0; i < nargs; ++i)
-        values[i] = PyTuple_GET_ITEM(args, i);
-    PyObject *mask = Py_None, *causal = Py_False, *eps = NULL, *scale = Py_None;
-    PyObject *key_state = Py_None, *want_key_state = Py_False, *carry = Py_None;
-    PyObject *projections = Py_None, *want_projections = Py_False;
-    PyObject *report_finite = Py_False;
-    if (kwargs) {
-        PyObject *key, *val;
-        Py_ssize_t pos = 0;
-        while (PyDict_Next(kwargs, &pos, &key, &val)) {
-            const char *kname = PyUnicode_AsUTF8(key);
-            if (!kname)
-                return NULL;
-            int found = 0;
-            for (int i = 0; i < n; ++i)
-                if (strcmp(kname, names[i]) == 0) {
-                    if (values[i]) {
-                        PyErr_Format(PyExc_TypeError, "got multiple values for argument '%s'", kname);
-                        return NULL;
-                    }
-                    values[i] = val;
-                    found = 1;
-                }
-            if (found)
-                continue;
-            if (strcmp(kname, "key_mask") == 0)
-                mask = val;
-            else if (strcmp(kname, "causal") == 0)
-                causal = val;
-            else if (sp->linear && strcmp(kname, "eps") == 0)
-                eps = val;
-            else if (sp->linear && backward && strcmp(kname, "key_state") == 0)
-                key_state = val;
-            else if (sp->linear && !backward && strcmp(kname, "return_key_state") == 0)
-                want_key_state = val;
-            else if (sp->keeps_projections && backward && strcmp(kname, "projections") == 0)
-                projections = val;
-            else if (sp->keeps_projections && !backward && strcmp(kname, "return_projections") == 0)
-                want_projections = val;
-            else if (sp->linear && !backward && strcmp(kname, "state") == 0)
-                carry = val;
-            else if (!sp->linear && strcmp(kname, "scale") == 0)
-                scale = val;
-            else if (strcmp(kname, "report_finite") == 0)
-                report_finite = val;
-            else {
-                PyErr_Format(PyExc_TypeError, "unexpected keyword argument '%s'", kname);
-                return NULL;
-            }
-        }
-    }
-    for (int i = 0; i < n; ++i)
-        if (!values[i]) {
-            PyErr_Format(PyExc_TypeError, "missing required argument '%s'", names[i]);
-            return NULL;
-        }
+    PyObject *const *values = slot;
+    PyObject *opt[OPT_COUNT] = {NULL};
+    for (int i = 0; i < sig->noptions; ++i)
+        opt[sig->options[i]] = slot[sig->narrays + i];
+    PyObject *mask = opt[OPT_KEY_MASK] ? opt[OPT_KEY_MASK] : Py_None;
+    PyObject *causal = opt[OPT_CAUSAL] ? opt[OPT_CAUSAL] : Py_False;
+    PyObject *eps = opt[OPT_EPS];
+    PyObject *scale = opt[OPT_SCALE] ? opt[OPT_SCALE] : Py_None;
+    PyObject *key_state = opt[OPT_KEY_STATE] ? opt[OPT_KEY_STATE] : Py_None;
+    PyObject *want_key_state = opt[OPT_RETURN_KEY_STATE] ? opt[OPT_RETURN_KEY_STATE] : Py_False;
+    PyObject *carry = opt[OPT_STATE] ? opt[OPT_STATE] : Py_None;
+    PyObject *projections = opt[OPT_PROJECTIONS] ? opt[OPT_PROJECTIONS] : Py_None;
+    PyObject *want_projections = opt[OPT_RETURN_PROJECTIONS] ? opt[OPT_RETURN_PROJECTIONS] : Py_False;
+    PyObject *report_finite = opt[OPT_REPORT_FINITE] ? opt[OPT_REPORT_FINITE] : Py_False;
     attn_call c;
     memset(&c, 0, sizeof c);
     c.op = op;
@@ -1445,6 +1480,7 @@ PyMODINIT_FUNC PyInit__C(void)
     import_array();
     count_params();
     mark_projection_kinds();
+    build_signatures(); /* after mark_projection_kinds: it reads keeps_projections */
 #if !defined(_WIN32)
     pthread_atfork(ff_buffer_cache_lock, ff_buffer_cache_unlock, after_fork_in_child);
 #endif

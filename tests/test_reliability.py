@@ -286,3 +286,31 @@ def test_reference_counts_stable_for_every_entry_point():
             with pytest.raises((ValueError, TypeError)):
                 call()
     assert [sys.getrefcount(a) for a in tracked] == before
+
+
+def test_kernel_entries_parse_their_arguments_with_cpythons_parser():
+    """Each entry takes its arrays by position or by name and only the options of its kind
+    and direction, by name; anything else is a TypeError naming the entry and the argument."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    omega = ff.init.flex_s_omega(2, 4, 4, rng=0)
+    want = _C.flex_s_forward(q, k, v, omega, causal=True)[0]
+    got = _C.flex_s_forward(q=q, k=k, v=v, omega=omega, causal=True)[0]
+    assert np.array_equal(got, want)
+    cases = [
+        (lambda: _C.flex_s_forward(q, k, v), "flex_s_forward() missing required argument 'omega'"),
+        (lambda: _C.flex_s_forward(q, k, v, omega, bogus=1), "'bogus' is an invalid keyword argument for "
+                                                             "flex_s_forward()"),
+        (lambda: _C.flex_s_forward(q, k, v, omega, True), "flex_s_forward() takes at most 4 positional"),
+        (lambda: _C.flex_s_forward(q, k, v, omega, omega=omega), "given by name ('omega') and position"),
+        (lambda: _C.softmax_forward(q, k, v, eps=1e-3), "'eps' is an invalid keyword argument for "
+                                                        "softmax_forward()"),
+        (lambda: _C.flex_s_backward(q, q, k, v, omega, return_key_state=True), "'return_key_state' is an "
+                                                                                "invalid keyword argument"),
+        (lambda: _C.linear_forward(q, k, v, key_state=None), "'key_state' is an invalid keyword argument "
+                                                             "for linear_forward()"),
+    ]
+    for call, words in cases:
+        with pytest.raises(TypeError) as exc:
+            call()
+        assert words in str(exc.value)
