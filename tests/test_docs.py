@@ -87,3 +87,19 @@ def test_readme_python_blocks_run():
     pytest.importorskip("torch")
     exec(compile(blocks[1], "README PyTorch block", "exec"), scope)
     assert scope["q"].grad is not None and scope["params"]["tau"].grad is not None
+
+
+def test_ctags_indexes_the_kernels_under_their_compiled_names(tmp_path):
+    """The repository's .ctags.d makes Universal Ctags read csrc/*.inc as C and expand FF():
+    the kernels appear under the names profilers show (flex_s_attention_run_f32)."""
+    import shutil
+    import subprocess
+
+    ctags = shutil.which("ctags")
+    if ctags is None or "Universal Ctags" not in subprocess.run([ctags, "--version"], capture_output=True,
+                                                                  text=True).stdout:
+        pytest.skip("Universal Ctags is not installed")
+    tags = tmp_path / "tags"
+    subprocess.run([ctags, "-f", str(tags), "-R", "csrc"], cwd=ROOT, check=True)
+    names = {line.split("\t", 1)[0] for line in tags.read_text().splitlines() if not line.startswith("!")}
+    assert {"flex_s_attention_run_f32", "linattn_run_f32", "flex_n_attention_forward_f32"} <= names
