@@ -12,23 +12,7 @@
 #define R_SQRT sqrtf
 #define R_LOG logf
 #define FF_DOUBLE 0
-#include "dense.inc"
-#include "trig.inc"
-#include "exp.inc"
-#include "featmap.inc"
-#include "featmap_flex.inc"
-#include "featmap_baselines.inc"
-#include "linattn_core.inc"
-#include "linattn_run.inc"
-#include "ops_flex.inc"
-#include "ops_baselines.inc"
-#include "softmax.inc"
-#include "linformer.inc"
-#include "trig_export.inc"
-#include "activation.inc"
-#include "norm.inc"
-#include "short_conv.inc"
-#include "finite.inc"
+#include "kernels_dtype.inc"
 #undef FF
 #undef real
 #undef R_EXP
@@ -38,14 +22,6 @@
 #undef R_SQRT
 #undef R_LOG
 #undef FF_DOUBLE
-#undef FF_ROW_DEN
-#undef FF_ROW_G
-#undef FF_ROW_M
-#undef FF_ROW_ALPHA
-#undef FF_ROW_R
-#undef FF_ROW_AUX
-#undef FF_COL
-#undef FF_VISIBLE
 
 #define FF(name) name##_f64
 #define real double
@@ -56,23 +32,7 @@
 #define R_SQRT sqrt
 #define R_LOG log
 #define FF_DOUBLE 1
-#include "dense.inc"
-#include "trig.inc"
-#include "exp.inc"
-#include "featmap.inc"
-#include "featmap_flex.inc"
-#include "featmap_baselines.inc"
-#include "linattn_core.inc"
-#include "linattn_run.inc"
-#include "ops_flex.inc"
-#include "ops_baselines.inc"
-#include "softmax.inc"
-#include "linformer.inc"
-#include "trig_export.inc"
-#include "activation.inc"
-#include "norm.inc"
-#include "short_conv.inc"
-#include "finite.inc"
+#include "kernels_dtype.inc"
 
 size_t ff_causal_cache_limit = (size_t)256 << 20;
 
