@@ -817,9 +817,6 @@ static int bool_keyword(PyObject *val, const char *name, int *flag)
     return 0;
 }
 
-/* Parse (dout,) q, k, v, params... and the keywords key_mask, causal and eps (linear
- * kinds, with return_key_state on the forward and key_state on the backward) or scale
- * (softmax kinds), by name or position, then check and run. */
 /* The keyword-only options of the attention entries; which ones an entry takes depends on
  * its kind (linear or not, keeps projections or not) and direction (entry_signature). */
 enum entry_option {
@@ -904,6 +901,8 @@ static void build_signatures(void)
         }
 }
 
+/* Parse ([dout,] q, k, v, params...) by position or name and the entry's options by name
+ * (SIGNATURES), then check and run. */
 static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObject *kwargs)
 {
     const op_spec *sp = &OPS[op];

@@ -55,8 +55,9 @@ def best_threshold(score: np.ndarray, labels: np.ndarray) -> float:
     """The cut on ``score`` (above = same) with the best training accuracy."""
     order = np.sort(score)
     cuts = (order[1:] + order[:-1]) / 2
-    acc = [((score > c) == labels).mean() for c in cuts[:: max(1, len(cuts) // 400)]]
-    return float(cuts[:: max(1, len(cuts) // 400)][int(np.argmax(acc))])
+    cuts = cuts[:: max(1, len(cuts) // 400)]   # about 400 candidates
+    acc = [((score > c) == labels).mean() for c in cuts]
+    return float(cuts[int(np.argmax(acc))])
 
 
 def logistic_regression(X: np.ndarray, y: np.ndarray, l2: float = 1e-2, steps: int = 25) -> np.ndarray:

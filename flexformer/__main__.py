@@ -125,11 +125,10 @@ def check_resume_flags(args, argv: List[str], parser: argparse.ArgumentParser, s
                                  f"folder)")
             continue
         value = getattr(args, dest)
-        field = dest   # each option's dest is its TrainConfig field
-        have = getattr(saved, field)
+        have = getattr(saved, dest)   # each train option's dest is its TrainConfig field
         if value != have:
             flag = action.option_strings[0]
-            raise ValueError(f"{flag} {getattr(args, dest)} contradicts the resumed run's saved {field} {have!r}; "
+            raise ValueError(f"{flag} {value} contradicts the resumed run's saved {dest} {have!r}; "
                              f"drop the flag (a resumed run keeps its configuration; --steps and --threads may change)")
 
 

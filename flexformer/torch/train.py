@@ -49,8 +49,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flexformer.torch.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_train_options(p, include=OPTIONS, help={
-        "batch_size": "global batch, split over processes (default 16)",
-        "threads": "threads per process; 0 = cores / processes (default 0)"})
+        "batch_size": "global batch, split over processes",
+        "threads": "threads per process; 0 = cores / processes"})
     p.add_argument("--backend", default="auto", help="attention backend: auto, c or torch")
     p.add_argument("--out", default=None, help="run folder (default runs/torch-TASK-ATTENTION-TIME)")
     p.add_argument("--overwrite", action="store_true", help="replace the run already in --out")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import typing
 from typing import Dict, Iterable, Optional
 
@@ -27,28 +28,38 @@ def option_name(field: dataclasses.Field) -> str:
     return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
 
 
-def option_help(field: dataclasses.Field) -> str:
-    """The field's help text with its default: the task's defaults for the fields that
-    take them, else the field's own default."""
-    text = field.metadata["help"]
+_FIELD_DEFAULT = object()
+
+
+def option_help(field: dataclasses.Field, text: Optional[str] = None, default=_FIELD_DEFAULT) -> str:
+    """``text`` (default: the field's help) with the option's default: the task's defaults
+    for the fields that take them, else ``default`` (default: the field's own)."""
+    text = field.metadata["help"] if text is None else text
+    default = field.default if default is _FIELD_DEFAULT else default
     if field.name in TASK_DEFAULTS["listops"]:
         per_task = ", ".join(f"{task} {values[field.name]:g}" for task, values in TASK_DEFAULTS.items())
         return f"{text} (default: the task's, {per_task})"
-    if "(default" in text or _value_type(field) is bool or field.default is None:
+    if "(default" in text or _value_type(field) is bool or default is None:
         return text
-    return f"{text} (default {field.default})"
+    return f"{text} (default {default})"
 
 
 def _value_type(field: dataclasses.Field):
-    hint = typing.get_type_hints(TrainConfig)[field.name]
+    hint = _type_hints()[field.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints() -> dict:
+    return typing.get_type_hints(TrainConfig)
 
 
 def add_train_options(parser: argparse.ArgumentParser, *, include: Optional[Iterable[str]] = None,
                       exclude: Iterable[str] = (), help: Optional[Dict[str, str]] = None) -> None:
     """Add an option per TrainConfig field to ``parser``: the fields in ``include`` (default
-    all) but not in ``exclude``; ``help`` replaces a field's help text in this command."""
+    all) but not in ``exclude``; ``help`` replaces a field's help text in this command (its
+    default is added as for the field's own text)."""
     names = None if include is None else set(include)
     help = help or {}
     kernel_init = False
@@ -58,7 +69,7 @@ def add_train_options(parser: argparse.ArgumentParser, *, include: Optional[Iter
         if field.name in KERNEL_INIT_FIELDS:
             kernel_init = True
             continue
-        text = help.get(field.name) or option_help(field)
+        text = option_help(field, help.get(field.name))
         kind = _value_type(field)
         if kind is bool:
             parser.add_argument(option_name(field), dest=field.name, action="store_true", default=None, help=text)
@@ -84,7 +95,7 @@ def kernel_init_args(p: argparse.ArgumentParser, match_tau: Optional[bool] = Non
     scale = DEFAULT_SCALE if scale is None else scale
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     p.add_argument("--kernel-init-scale", type=float, default=scale,
-                   help=f"{fields['kernel_init_scale'].metadata['help']} (default {scale})")
+                   help=option_help(fields["kernel_init_scale"], default=scale))
     p.add_argument("--kernel-init-spread", type=float, default=DEFAULT_SPREAD,
                    help=option_help(fields["kernel_init_spread"]))
     match_tau = DEFAULT_MATCH_TAU if match_tau is None else match_tau
