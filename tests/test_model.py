@@ -99,6 +99,29 @@ def test_resume_gives_the_same_parameters(tmp_path):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+def test_learning_curve_in_evals_jsonl_leaves_the_run_unchanged(tmp_path):
+    plain = train(small_config(tmp_path, steps=9), str(tmp_path / "plain"), progress=False)
+    curve = train(small_config(tmp_path, steps=9, eval_every=4), str(tmp_path / "curve"), progress=False)
+    assert curve["eval_loss"] == plain["eval_loss"]  # evaluating draws from no training stream
+    rows = [json.loads(line) for line in open(tmp_path / "curve" / "evals.jsonl")]
+    assert [r["step"] for r in rows] == [0, 4, 8, 9]
+    assert rows[-1]["eval_loss"] == curve["eval_loss"] and rows[-1]["train_seconds"] == round(curve["train_seconds"], 3)
+    seconds = [r["train_seconds"] for r in rows]
+    assert seconds[0] < seconds[1] < seconds[2] < seconds[3] <= curve["wall_s"]
+    # the loss at step 0 is the untrained model's: about ln(vocabulary) for a uniform guess
+    assert rows[0]["eval_loss"] > rows[-1]["eval_loss"]
+    assert not (tmp_path / "plain" / "evals.jsonl").exists()
+    # resumed, the curve goes on where it stopped and its clock carries over
+    part = tmp_path / "part"
+    train(small_config(tmp_path, steps=9, eval_every=4), str(part), progress=False, stop_at=5)
+    first = [json.loads(line) for line in open(part / "evals.jsonl")]
+    resumed = train(None, str(part), resume=True, progress=False)
+    rows = [json.loads(line) for line in open(part / "evals.jsonl")]
+    assert [r["step"] for r in rows] == [0, 4, 8, 9] and rows[:2] == first
+    assert rows[2]["train_seconds"] > rows[1]["train_seconds"]
+    assert resumed["eval_loss"] == curve["eval_loss"] == rows[-1]["eval_loss"]
+
+
 def test_corrupted_checkpoint_is_a_clear_error(tmp_path):
     run = tmp_path / "run"
     train(small_config(tmp_path, steps=5), str(run), progress=False)

@@ -97,7 +97,10 @@ class TrainConfig:
     seed: int = _option(0, "seed of the initialisation and the data order")
     threads: int = _option(0, "kernel threads; 0 = OpenMP's")
     data_dir: Optional[str] = _option(None, "data folder (fmnist, text-lm, text-cls, retrieval)")
-    eval_batches: int = _option(64, "held-out batches in the final evaluation")
+    eval_batches: int = _option(64, "held-out batches in each evaluation")
+    eval_every: int = _option(0, "steps between held-out evaluations during training, written to evals.jsonl "
+                              "with the training seconds so far (a learning curve against time); 0 = only "
+                              "the final one")
     checkpoint_every: int = _option(100, "steps between checkpoints")
     dtype: str = _option("float32", "float32 or float64")
     kernel_init_scale: float = _option(DEFAULT_SCALE, "bandwidth scale s of the initial frequencies of "
@@ -196,8 +199,9 @@ class TrainConfig:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
                              "choose one")
         check_short_conv(self.short_conv, integer_types=int)  # a plain int: the configuration is saved as JSON
-        if self.diagnostics_every < 0:
-            raise ValueError(f"diagnostics_every must be >= 0, got {self.diagnostics_every}")
+        for name in ("diagnostics_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.task == "pathfinder":
             pathfinder_size(self.seq_len)
 
@@ -452,7 +456,7 @@ def _progress_message(step, total, loss, tok_s, start):
             f"{tok_s:,.0f} tok/s eta {eta:5.0f}s")
 
 
-RUN_FILES = ("checkpoint.npz", "metrics.json", "diagnostics.jsonl")
+RUN_FILES = ("checkpoint.npz", "metrics.json", "diagnostics.jsonl", "evals.jsonl")
 
 
 def prepare_run_folder(out_dir: str, *, resume: bool, overwrite: bool) -> bool:
@@ -579,7 +583,7 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
 
     def write_checkpoint(step):
         checkpoint.save(ckpt_path, model.parameters(), opt.state(),
-                        {"step": step, "config": dataclasses.asdict(cfg)})
+                        {"step": step, "config": dataclasses.asdict(cfg), "train_seconds": train_seconds()})
 
     diag_path = os.path.join(out_dir, "diagnostics.jsonl")
     if not resume:  # overwrite: the replaced run's files go before this one writes any
@@ -603,7 +607,26 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
         with open(diag_path, "a") as fh:
             fh.write(json.dumps(last_diag) + "\n")
 
+    # training seconds: the wall time of the steps, carried across resumes, without the
+    # evaluations and diagnostics (their time goes into `paused`)
+    earlier_seconds = float(meta.get("train_seconds", 0.0)) if resume else 0.0
+    paused = 0.0
+
+    def train_seconds() -> float:
+        return earlier_seconds + time.perf_counter() - start - paused
+
+    def write_eval(step, result=None, seconds=None):
+        nonlocal paused
+        began = time.perf_counter()
+        row = {"step": step, "train_seconds": round(train_seconds() if seconds is None else seconds, 3),
+               **(result if result is not None else evaluate(cfg, model, data))}
+        with open(os.path.join(out_dir, "evals.jsonl"), "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        paused += time.perf_counter() - began
+
     losses, tokens, start, step = [], 0, time.perf_counter(), start_step
+    if cfg.eval_every and start_step == 0:
+        write_eval(0)
     bar = ProgressLine(cfg.steps, stream) if progress else None
     stopped, reason = False, None
     with _StopFlag() as flag:
@@ -616,7 +639,9 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
                 break
             diag_due = cfg.diagnostics_every and (step % cfg.diagnostics_every == 0 or step == cfg.steps - 1)
             if diag_due:
+                began = time.perf_counter()
                 record_diagnostics(step, loss)  # of this step's forward, before its update
+                paused += time.perf_counter() - began
             model.backward(dlogits)
             norm = clip_global_norm(named, cfg.clip)
             if not math.isfinite(norm):
@@ -629,8 +654,12 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
                           f"checkpoint kept")
                 break
             if diag_due:
+                began = time.perf_counter()
                 write_diagnostics()
+                paused += time.perf_counter() - began
             step += 1
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                write_eval(step)
             losses.append(loss)
             tokens += ntok
             now = time.perf_counter()
@@ -644,6 +673,7 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
                 stopped = True
                 break
     wall = time.perf_counter() - start
+    seconds = train_seconds()
     if bar is not None:
         bar.close()
     if reason:
@@ -651,13 +681,16 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
         raise FloatingPointError(reason)
     metrics = {"task": cfg.task, "attention": cfg.attention, "steps": step,
                "train_loss": float(np.mean(losses[-max(1, len(losses) // 10):])) if losses else None,
-               "tokens_per_s": tokens / wall if wall > 0 else None, "wall_s": wall,
+               "tokens_per_s": tokens / (wall - paused) if wall > paused else None, "wall_s": wall,
+               "train_seconds": seconds,
                "params": model.num_parameters(), "seed": cfg.seed, "interrupted": stopped,
                "config": dataclasses.asdict(cfg)}
     if last_diag is not None:
         metrics["diagnostics"] = {"step": last_diag["step"], **last_diag["summary"]}
     if not stopped:
         metrics.update(evaluate(cfg, model, data))
+        if cfg.eval_every:
+            write_eval(step, {k: metrics[k] for k in metrics if k.startswith("eval_")}, seconds)
     with open(os.path.join(out_dir, "metrics.json"), "w") as fh:
         json.dump(metrics, fh, indent=2)
     return metrics
