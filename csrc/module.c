@@ -1474,6 +1474,61 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_C",
                                        "flexformer C kernels (private; use flexformer.*)", -1,
                                        methods, NULL, NULL, NULL, NULL};
 
+/* _C.kinds: each kind's row of kinds.h as Python reads it (the registry derives its
+ * parameter names, layouts and capabilities from it), and _C.projection_kinds, the kinds
+ * whose bidirectional forward can keep its projections. -1 with an exception set. */
+static PyObject *kind_row(const op_spec *spec)
+{
+    PyObject *params = PyTuple_New(spec->nparams);
+    for (int i = 0; params && i < spec->nparams; ++i) {
+        const param_spec *ps = &spec->params[i];
+        PyObject *item = Py_BuildValue("(ssz)", ps->name, ps->axes, ps->alt_axes);
+        if (!item) {
+            Py_CLEAR(params);
+            break;
+        }
+        PyTuple_SET_ITEM(params, i, item);
+    }
+    if (!params)
+        return NULL;
+    return Py_BuildValue("{s:s,s:s,s:N,s:i,s:O,s:O,s:O}", "query", spec->qname, "key", spec->kname, "params",
+                         params, "gradients", spec->ngrads, "linear", spec->linear ? Py_True : Py_False,
+                         "causal", spec->causal_refusal ? Py_False : Py_True, "keeps_projections",
+                         spec->keeps_projections ? Py_True : Py_False);
+}
+
+static int add_kind_table(PyObject *mod)
+{
+    static const char *const kind_names[] = {
+#define X(name, ...) #name,
+        FF_KINDS(X)
+#undef X
+    };
+    PyObject *table = PyDict_New(), *keeping = PyList_New(0), *keeping_tuple = NULL;
+    int failed = !table || !keeping;
+    for (int op = 0; !failed && op < OP_COUNT; ++op) {
+        PyObject *row = kind_row(&OPS[op]);
+        failed = !row || PyDict_SetItemString(table, kind_names[op], row) < 0;
+        Py_XDECREF(row);
+        if (!failed && OPS[op].keeps_projections) {
+            PyObject *name = PyUnicode_FromString(kind_names[op]);
+            failed = !name || PyList_Append(keeping, name) < 0;
+            Py_XDECREF(name);
+        }
+    }
+    if (!failed)
+        failed = !(keeping_tuple = PyList_AsTuple(keeping));
+    Py_XDECREF(keeping);
+    /* PyModule_AddObject steals a reference only when it succeeds (3.9 has no AddObjectRef) */
+    if (!failed && !(failed = PyModule_AddObject(mod, "kinds", table) < 0))
+        table = NULL;
+    if (!failed && !(failed = PyModule_AddObject(mod, "projection_kinds", keeping_tuple) < 0))
+        keeping_tuple = NULL;
+    Py_XDECREF(table);
+    Py_XDECREF(keeping_tuple);
+    return failed ? -1 : 0;
+}
+
 PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
@@ -1490,26 +1545,7 @@ PyMODINIT_FUNC PyInit__C(void)
     PyObject *mod = PyModule_Create(&moduledef);
     if (!mod)
         return NULL;
-    /* the kinds whose bidirectional forward can keep its projections (kinds.h, R), for
-     * the registry to derive its list from */
-    static const char *const kind_names[] = {
-#define X(name, ...) #name,
-        FF_KINDS(X)
-#undef X
-    };
-    PyObject *names = PyList_New(0), *keeping = NULL;
-    int failed = !names;
-    for (int op = 0; !failed && op < OP_COUNT; ++op)
-        if (OPS[op].keeps_projections) {
-            PyObject *name = PyUnicode_FromString(kind_names[op]);
-            failed = !name || PyList_Append(names, name) < 0;
-            Py_XDECREF(name);
-        }
-    if (!failed)
-        keeping = PyList_AsTuple(names);
-    Py_XDECREF(names);
-    if (!keeping || PyModule_AddObject(mod, "projection_kinds", keeping) < 0) {
-        Py_XDECREF(keeping);
+    if (add_kind_table(mod) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

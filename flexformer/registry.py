@@ -10,9 +10,10 @@ Model layers switch attention by name::
 ``params`` is a dict of NumPy arrays; ``dparams`` holds the gradients of the learnable
 ones only (``kind.learnable``). ``flexformer.attention_kinds()`` lists the names.
 
-This is the one table of kinds: each entry says what its parameters are, which C kernel
-runs it, its feature map's NumPy and torch twins (:mod:`flexformer.features`), and whether
-it can run causally, be decoded recurrently and be distilled. Every other list of kinds
+This is the one table of kinds: each entry says which C kernel runs it, its feature map's
+NumPy and torch twins (:mod:`flexformer.features`), and whether it can be decoded
+recurrently and be distilled; its parameter names, their layouts, which of them learn and
+whether it runs causally are read from its row of csrc/kinds.h (``_C.kinds``). Every other list of kinds
 (recurrent decoding, distillation, the torch bridge, the command line's defaults, the
 diagnostics) is derived from it. Adding a kind: docs/architecture.md.
 """
@@ -253,67 +254,82 @@ def _elu_backward(dout, q, k, v, p, causal, mask, **kw):
 
 _KINDS: Dict[str, AttentionKind] = {}
 
+#: what the axis letters of csrc/kinds.h's parameter rows stand for in a layout
+_AXIS_NAMES = {"H": "H", "m": "m", "d": "d", "p": "kp", "L": "Nmax"}
 
-def _register(kind: AttentionKind) -> None:
-    _KINDS[kind.name] = kind
+
+def _layout(axes: str) -> str:
+    names = [_AXIS_NAMES[a] for a in axes]
+    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
 
 
-_FREQUENCIES = ("(H, m, d)",)
+def _c_row(table: str) -> dict:
+    """A kind's parameter names, layouts, learnable parameters and causal support, read from
+    its row of csrc/kinds.h (``_C.kinds``): the C core's table is the one place they are written."""
+    row = _C.kinds[table]
+    params = tuple(name for name, _, _ in row["params"])
+    layouts = tuple(_layout(axes) + (f" or {_layout(alt)}" if alt else "") for _, axes, alt in row["params"])
+    return {"params": params, "layouts": layouts, "learnable": params[:row["gradients"]], "causal": row["causal"]}
+
+
+def _register(name: str, description: str, *, table: str, **fields) -> None:
+    """Add a kind; ``table`` names its row in csrc/kinds.h (its own, or the C kernel it
+    shares), from which the parameters, layouts, gradients and causal support come unless
+    ``fields`` say otherwise (RFA: flex_s's frequencies, frozen)."""
+    _KINDS[name] = AttentionKind(name, description, **{**_c_row(table), **fields})
+
+
 _FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.flex_s_size, torch_feature_map=fm.flex_s_features_torch,
-               layouts=_FREQUENCIES, signed_features=True)
-_LINEAR_KIND = dict(causal=True, masks=True, key_state=True, recurrent=True)
+               signed_features=True)
+_LINEAR_KIND = dict(masks=True, key_state=True, recurrent=True)
 
-_register(AttentionKind(
-    "softmax", "exact softmax attention (online softmax, O(N) memory)", (), (), True, True,
-    "O(N^2 (d + e))",
-    lambda H, d, m, L, rng, dt: {},
-    lambda q, k, v, p, c, mk: sm.softmax_attention(q, k, v, causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: sm.softmax_attention_backward(do, q, k, v, causal=c, key_mask=mk),
-    recurrent=True))
-_register(AttentionKind(
-    "flex_s", "Flexformer_s: stationary learnable random Fourier features", ("omega",), ("omega",),
+_register(
+    "softmax", "exact softmax attention (online softmax, O(N) memory)", table="softmax", masks=True,
+    complexity="O(N^2 (d + e))", _init=lambda H, d, m, L, rng, dt: {},
+    _forward=lambda q, k, v, p, c, mk: sm.softmax_attention(q, k, v, causal=c, key_mask=mk),
+    _backward=lambda do, q, k, v, p, c, mk: sm.softmax_attention_backward(do, q, k, v, causal=c, key_mask=mk),
+    recurrent=True)
+_register(
+    "flex_s", "Flexformer_s: stationary learnable random Fourier features", table="flex_s",
     complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),
-    feature_grad=fm.flex_s_features_grad, distill=True, **_FLEX_S, **_LINEAR_KIND))
-_register(AttentionKind(
-    "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale",
-    ("omega1", "omega2", "tau"), ("omega1", "omega2", "tau"), complexity="O(N m (d + e))", _init=_flex_n_init,
-    kernel="flex_n", init_options=("scale", "spread", "match_tau", "symmetric"),
-    feature_map=fm.flex_n_features, feature_grad=fm.flex_n_features_grad, feature_size=fm.flex_n_size,
-    torch_feature_map=fm.flex_n_features_torch, distill=True, layouts=("(H, m, d)", "(H, m, d)", "(H,)"),
-    signed_features=True, **_LINEAR_KIND))
-_register(AttentionKind(
-    "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)",
-    ("omega",), (), complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),
-    distill=True, **_FLEX_S, **_LINEAR_KIND))
-_register(AttentionKind(
-    "performer", "Performer FAVOR+: fixed positive random features", ("omega",), (),
+    feature_grad=fm.flex_s_features_grad, distill=True, **_FLEX_S, **_LINEAR_KIND)
+_register(
+    "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale", table="flex_n",
+    complexity="O(N m (d + e))", _init=_flex_n_init, kernel="flex_n",
+    init_options=("scale", "spread", "match_tau", "symmetric"), feature_map=fm.flex_n_features,
+    feature_grad=fm.flex_n_features_grad, feature_size=fm.flex_n_size, torch_feature_map=fm.flex_n_features_torch,
+    distill=True, signed_features=True, **_LINEAR_KIND)
+_register(
+    "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)", table="flex_s",
+    learnable=(), complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),
+    distill=True, **_FLEX_S, **_LINEAR_KIND)
+_register(
+    "performer", "Performer FAVOR+: fixed positive random features", table="performer",
     complexity="O(N m (d + e))",
     _init=lambda H, d, m, L, rng, dt: {"omega": initialisers.performer_omega(H, _m(d, m), d, rng=rng, dtype=dt)},
     kernel="performer", feature_map=fm.performer_features, feature_size=lambda p, d: p["omega"].shape[1],
-    torch_feature_map=fm.performer_features_torch, distill=True, layouts=_FREQUENCIES, **_LINEAR_KIND))
-_register(AttentionKind(
-    "hedgehog", "Hedgehog: learnable softmax feature map", ("W",), ("W",), complexity="O(N m (d + e))",
+    torch_feature_map=fm.performer_features_torch, distill=True, **_LINEAR_KIND)
+_register(
+    "hedgehog", "Hedgehog: learnable softmax feature map", table="hedgehog", complexity="O(N m (d + e))",
     _init=lambda H, d, m, L, rng, dt: {"W": initialisers.hedgehog_weights(H, d, m, rng=rng, dtype=dt)},
     kernel="hedgehog", feature_map=fm.hedgehog_features, feature_grad=fm.hedgehog_features_grad,
-    feature_size=fm.hedgehog_size, torch_feature_map=fm.hedgehog_features_torch, distill=True,
-    layouts=("(H, d, m)",), **_LINEAR_KIND))
-_register(AttentionKind(
+    feature_size=fm.hedgehog_size, torch_feature_map=fm.hedgehog_features_torch, distill=True, **_LINEAR_KIND)
+_register(
     "taylor", "Based: second-order Taylor features of exp(q.k / sqrt d), 1 + t + t^2/2 (F = 1 + d + d^2)",
-    (), (), complexity="O(N d^2 e)", _init=lambda H, d, m, L, rng, dt: {}, kernel="taylor",
+    table="taylor", complexity="O(N d^2 e)", _init=lambda H, d, m, L, rng, dt: {}, kernel="taylor",
     feature_map=fm.taylor_features, feature_size=fm.taylor_size, torch_feature_map=fm.taylor_features_torch,
-    distill=True, **_LINEAR_KIND))
-_register(AttentionKind(
-    "linformer", "Linformer: keys and values projected along the sequence to kp rows", ("E", "F"),
-    ("E", "F"), False, True, "O(N kp (d + e))", _linformer_init,
-    lambda q, k, v, p, c, mk: sm.linformer_attention(q, k, v, p["E"], p["F"], causal=c, key_mask=mk),
-    lambda do, q, k, v, p, c, mk: sm.linformer_attention_backward(do, q, k, v, p["E"], p["F"], causal=c,
-                                                                  key_mask=mk),
-    layouts=("(H, kp, Nmax) or (kp, Nmax)", "(H, kp, Nmax) or (kp, Nmax)")))
-_register(AttentionKind(
-    "elu", "linear attention with elu(x) + 1 features (the generic core)", (), (), complexity="O(N d e)",
+    distill=True, **_LINEAR_KIND)
+_register(
+    "linformer", "Linformer: keys and values projected along the sequence to kp rows", table="linformer",
+    masks=True, complexity="O(N kp (d + e))", _init=_linformer_init,
+    _forward=lambda q, k, v, p, c, mk: sm.linformer_attention(q, k, v, p["E"], p["F"], causal=c, key_mask=mk),
+    _backward=lambda do, q, k, v, p, c, mk: sm.linformer_attention_backward(do, q, k, v, p["E"], p["F"],
+                                                                           causal=c, key_mask=mk))
+_register(
+    "elu", "linear attention with elu(x) + 1 features (the generic core)", table="linear", complexity="O(N d e)",
     _init=lambda H, d, m, L, rng, dt: {}, _forward=_elu_forward, _backward=_elu_backward,
     feature_map=fm.elu_features, feature_size=fm.input_size, torch_feature_map=fm.elu_features_torch,
-    **_LINEAR_KIND))
+    **_LINEAR_KIND)
 
 
 def attention_kinds() -> List[str]:

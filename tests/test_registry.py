@@ -112,3 +112,32 @@ def test_feature_sizes_read_the_parameters_by_name():
     reordered = {n: p[n] for n in ("tau", "omega2", "omega1")}
     assert num_features("flex_n", reordered, 3) == num_features("flex_n", p, 3) == 10
     assert num_features("flex_s", ff.get_attention("flex_s").init(2, 3, num_features=4, rng=0), 3) == 8
+
+
+def test_parameter_names_and_layouts_come_from_the_c_table():
+    """The registry reads each kind's parameters from csrc/kinds.h (``_C.kinds``); what a
+    user sees must be the documented shapes, and every parameter init makes must fit them."""
+    from flexformer.registry import check_param_shapes
+    from flexformer.runtime import _C
+
+    documented = {
+        "flex_s": (("omega",), ("(H, m, d)",), ("omega",)),
+        "rfa": (("omega",), ("(H, m, d)",), ()),
+        "flex_n": (("omega1", "omega2", "tau"), ("(H, m, d)", "(H, m, d)", "(H,)"), ("omega1", "omega2", "tau")),
+        "performer": (("omega",), ("(H, m, d)",), ()),
+        "hedgehog": (("W",), ("(H, d, m)",), ("W",)),
+        "linformer": (("E", "F"), ("(H, kp, Nmax) or (kp, Nmax)",) * 2, ("E", "F")),
+        "taylor": ((), (), ()), "softmax": ((), (), ()), "elu": ((), (), ()),
+    }
+    assert set(documented) == set(ff.attention_kinds())
+    for name, (params, layouts, learnable) in documented.items():
+        kind = ff.get_attention(name)
+        assert (kind.params, kind.layouts, kind.learnable) == (params, layouts, learnable), name
+        assert kind.causal == (name != "linformer") and kind.masks
+        if kind.kernel is not None:
+            row = _C.kinds[kind.kernel]
+            assert row["linear"] and row["query"] == "q" and row["causal"]
+        if name not in ("linformer",) and kind.params:
+            check_param_shapes(name, kind.init(3, 5, num_features=7, rng=0), 3, 5)
+    assert _C.kinds["linear"]["query"] == "phi_q" and not _C.kinds["softmax"]["linear"]
+    assert set(_C.projection_kinds) == {k for k, row in _C.kinds.items() if row["keeps_projections"]}
