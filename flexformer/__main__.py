@@ -30,6 +30,7 @@ from ._timing import median_seconds
 from .distill import DISTILL_KINDS
 from .distill.experiment import DISTILL_DECAY, DISTILL_INIT
 from .registry import attention_kinds
+from .suite import LRA_KINDS
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -346,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="several attention kinds under one budget: a markdown table")
     c.add_argument("--attentions", default=None,
                    help="comma-separated kinds (default: every registered kind; with --suite lra: "
-                        "flex_n, flex_s, hedgehog, softmax, rfa, performer, taylor)")
+                        f"{', '.join(LRA_KINDS)})")
     c.add_argument("--suite", default=None, help="a suite of tasks instead of one: lra (the five Long Range "
                    "Arena analogues, one table)")
     c.add_argument("--quick", action="store_true", help="with --suite: minutes-long budgets (for CI, notebooks)")

@@ -50,11 +50,9 @@ def nominal_scale(kind: str, params: Dict[str, np.ndarray], head_dim: int) -> np
     >>> bool(np.allclose(nominal_scale("flex_n", params, 16), 1 / 4))
     True
     """
-    if kind == "flex_n":
-        return 2.0 * np.exp(-np.asarray(params["tau"], dtype=np.float64))
-    if kind in ("flex_s", "rfa"):
-        w = np.asarray(params["omega"], dtype=np.float64)
-        return (w * w).sum(-1).mean(-1) / head_dim
+    spec = get_attention(kind)
+    if spec.nominal_scale is not None:
+        return spec.nominal_scale(params, head_dim)
     H = next((np.shape(v)[0] for v in params.values()), None)
     return np.full(H if H is not None else 1, 1.0 / np.sqrt(head_dim))
 
@@ -158,7 +156,9 @@ def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
 
 
 def parameter_summary(kind: str, params: Dict[str, np.ndarray]) -> Dict[str, List[float]]:
-    """Per-head frequency norms, tau and flex_n's pair separation (empty for other kinds).
+    """The kind's per-head summary of its parameters (its registry entry's
+    ``parameter_summary``): frequency-row norms, and flex_n's tau and pair separation;
+    empty for the kinds without one.
 
     Parameters
     ----------
@@ -177,18 +177,8 @@ def parameter_summary(kind: str, params: Dict[str, np.ndarray]) -> Dict[str, Lis
     >>> len(summary["tau"])
     2
     """
-    out: Dict[str, List[float]] = {}
-    if kind in ("flex_s", "rfa", "performer"):
-        w = np.asarray(params["omega"], np.float64)
-        out["omega_row_norm"] = np.linalg.norm(w, axis=-1).mean(-1).tolist()
-    if kind == "flex_n":
-        a, b = np.asarray(params["omega1"], np.float64), np.asarray(params["omega2"], np.float64)
-        out["omega1_row_norm"] = np.linalg.norm(a, axis=-1).mean(-1).tolist()
-        out["omega2_row_norm"] = np.linalg.norm(b, axis=-1).mean(-1).tolist()
-        out["tau"] = np.asarray(params["tau"], np.float64).tolist()
-        out["separation"] = (np.linalg.norm((a - b).reshape(a.shape[0], -1), axis=1)
-                             / np.maximum(np.linalg.norm(a.reshape(a.shape[0], -1), axis=1), 1e-300)).tolist()
-    return out
+    summarise = get_attention(kind).parameter_summary
+    return {} if summarise is None else summarise(params)
 
 
 def sample_rows(n: int, count: int) -> np.ndarray:

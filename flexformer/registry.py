@@ -98,6 +98,11 @@ class AttentionKind:
     #: f(q).f(k) can be zero or negative (the trig kinds); distillation then trains through a
     #: smooth floor (:data:`flexformer.distill.experiment.DISTILL_SOFT_FLOOR`)
     signed_features: bool = False
+    #: diagnostics hooks (:mod:`flexformer.diagnostics`): (params, head_dim) -> (H,) the
+    #: softmax temperature the kind estimates (None: 1 / sqrt d), and params -> dict of
+    #: per-head summaries of its parameters (None: nothing to summarise)
+    nominal_scale: Optional[Callable] = field(default=None, repr=False)
+    parameter_summary: Optional[Callable] = field(default=None, repr=False)
 
     def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
              max_len: Optional[int] = None, rng=None, dtype=np.float64, **options) -> Params:
@@ -236,6 +241,31 @@ def _linformer_init(H, d, m, L, rng, dtype):
             "F": initialisers.linformer_projections(kp, L, H, rng=gen, dtype=dtype)}
 
 
+def _flex_n_scale(params, head_dim):
+    # E[phi(q).phi(k)] at the initialisation is exp(2 q.k / e^tau) (init.flex_n_params)
+    return 2.0 * np.exp(-np.asarray(params["tau"], dtype=np.float64))
+
+
+def _frequency_scale(params, head_dim):
+    # omega rows ~ N(0, c I): the estimated kernel is exp(c q.k), c = mean |row|^2 / d
+    w = np.asarray(params["omega"], dtype=np.float64)
+    return (w * w).sum(-1).mean(-1) / head_dim
+
+
+def _frequency_rows(params):
+    w = np.asarray(params["omega"], np.float64)
+    return {"omega_row_norm": np.linalg.norm(w, axis=-1).mean(-1).tolist()}
+
+
+def _flex_n_summary(params):
+    a, b = np.asarray(params["omega1"], np.float64), np.asarray(params["omega2"], np.float64)
+    separation = (np.linalg.norm((a - b).reshape(a.shape[0], -1), axis=1)
+                  / np.maximum(np.linalg.norm(a.reshape(a.shape[0], -1), axis=1), 1e-300))
+    return {"omega1_row_norm": np.linalg.norm(a, axis=-1).mean(-1).tolist(),
+            "omega2_row_norm": np.linalg.norm(b, axis=-1).mean(-1).tolist(),
+            "tau": np.asarray(params["tau"], np.float64).tolist(), "separation": separation.tolist()}
+
+
 def _elu_forward(q, k, v, p, causal, mask, **kw):
     q, k = np.asarray(q), np.asarray(k)
     return lin.linear_attention(elu_plus_one(q), elu_plus_one(k), v,
@@ -280,7 +310,7 @@ def _register(name: str, description: str, *, table: str, **fields) -> None:
 
 
 _FLEX_S = dict(feature_map=fm.flex_s_features, feature_size=fm.flex_s_size, torch_feature_map=fm.flex_s_features_torch,
-               signed_features=True)
+               signed_features=True, nominal_scale=_frequency_scale, parameter_summary=_frequency_rows)
 _LINEAR_KIND = dict(masks=True, key_state=True, recurrent=True)
 
 _register(
@@ -298,7 +328,8 @@ _register(
     complexity="O(N m (d + e))", _init=_flex_n_init, kernel="flex_n",
     init_options=("scale", "spread", "match_tau", "symmetric"), feature_map=fm.flex_n_features,
     feature_grad=fm.flex_n_features_grad, feature_size=fm.flex_n_size, torch_feature_map=fm.flex_n_features_torch,
-    distill=True, signed_features=True, **_LINEAR_KIND)
+    distill=True, signed_features=True, nominal_scale=_flex_n_scale, parameter_summary=_flex_n_summary,
+    **_LINEAR_KIND)
 _register(
     "rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)", table="flex_s",
     learnable=(), complexity="O(N m (d + e))", _init=_flex_s_init, kernel="flex_s", init_options=("scale",),
@@ -308,7 +339,7 @@ _register(
     complexity="O(N m (d + e))",
     _init=lambda H, d, m, L, rng, dt: {"omega": initialisers.performer_omega(H, _m(d, m), d, rng=rng, dtype=dt)},
     kernel="performer", feature_map=fm.performer_features, feature_size=lambda p, d: p["omega"].shape[1],
-    torch_feature_map=fm.performer_features_torch, distill=True, **_LINEAR_KIND)
+    torch_feature_map=fm.performer_features_torch, distill=True, parameter_summary=_frequency_rows, **_LINEAR_KIND)
 _register(
     "hedgehog", "Hedgehog: learnable softmax feature map", table="hedgehog", complexity="O(N m (d + e))",
     _init=lambda H, d, m, L, rng, dt: {"W": initialisers.hedgehog_weights(H, d, m, rng=rng, dtype=dt)},
