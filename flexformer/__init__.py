@@ -20,7 +20,7 @@ from .runtime import (  # first: loads the C extension
     set_num_threads,
 )
 from . import data, init, nn, recurrent, reference, testing, training
-from .attention import (
+from .functional import (
     DEFAULT_EPS,
     flex_n_attention,
     flex_n_attention_backward,
@@ -34,7 +34,7 @@ from .attention import (
     performer_attention_backward,
 )
 from .recurrent import KVCacheState, LinearAttentionState, RecurrentAttention
-from .registry import AttentionKind, attention_kinds, get_attention
+from .registry import AttentionKind, attention, attention_backward, attention_kinds, get_attention
 from .softmax import (
     linformer_attention,
     linformer_attention_backward,
@@ -51,6 +51,8 @@ __all__ = [
     "LinearAttentionState",
     "RecurrentAttention",
     "DEFAULT_EPS",
+    "attention",
+    "attention_backward",
     "attention_kinds",
     "get_attention",
     "hedgehog_attention",

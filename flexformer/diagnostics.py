@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .attention import DEFAULT_EPS
+from .functional import DEFAULT_EPS
 from .registry import attention_kinds, features, get_attention
 
 #: kinds whose rows the NumPy feature twins can rebuild (the registry's kinds with a feature map)

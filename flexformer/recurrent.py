@@ -2,7 +2,7 @@
 
 Causal linear attention is a recurrent network: row i only needs the prefix sums over
 keys j <= i, a fixed-size state per (batch, head). With phi(x) = exp(s(x)) f(x) as in
-the C core (see :mod:`flexformer.attention`), the state kept here is, at the running
+the C core (see :mod:`flexformer.functional`), the state kept here is, at the running
 log-scale M = max_j s(k_j) over the keys seen so far,
 
 * ``S`` (B, H, F, e): sum_j exp(s(k_j) - M) f(k_j) v_j^T,
@@ -32,7 +32,7 @@ from typing import Dict, Optional, Tuple, Union
 import numpy as np
 
 from .runtime import _C
-from . import attention as lin
+from . import functional as lin
 from ._checks import check_overflow, check_real
 from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params
 from .registry import features as _features

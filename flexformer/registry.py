@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .runtime import _C
-from . import attention as lin
+from . import functional as lin
 from . import features as fm
 from . import init as initialisers
 from . import softmax as sm
@@ -414,6 +414,81 @@ def get_attention(name: str) -> AttentionKind:
         return _KINDS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown attention kind {name!r}; choose one of: {', '.join(attention_kinds())}") from None
+
+
+def attention(kind: str, q, k, v, params: Optional[Params] = None, *, causal: bool = False, key_mask=None,
+              eps: Optional[float] = None) -> np.ndarray:
+    """Attention of any registered kind: the one call every kind answers the same way.
+
+    Parameters
+    ----------
+    kind : str
+        One of :func:`attention_kinds`.
+    q, k, v : ndarray
+        (B, H, Nq, d), (B, H, Nk, d), (B, H, Nk, e), float32 or float64.
+    params : dict of str to ndarray, optional
+        The kind's parameters, as ``get_attention(kind).init(...)`` makes them; None (or
+        ``{}``) for the kinds without parameters (softmax, taylor, elu).
+    causal : bool, optional
+        Row i sees keys j <= i (not for Linformer).
+    key_mask : ndarray (B, Nk) of bool, optional
+        True = attend.
+    eps : float, optional
+        The linear kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`).
+
+    Returns
+    -------
+    ndarray (B, H, Nq, e)
+
+    Raises
+    ------
+    ValueError
+        An unknown kind, ``params`` without the kind's names, or an option the kind does
+        not have (the message says which).
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> q = k = v = np.random.default_rng(0).standard_normal((1, 2, 6, 4))
+    >>> params = ff.get_attention("flex_n").init(2, 4, rng=0)
+    >>> out = ff.attention("flex_n", q, k, v, params, causal=True)
+    >>> bool(np.array_equal(out, ff.flex_n_attention(q, k, v, *params.values(), causal=True)))
+    True
+    >>> ff.attention("taylor", q, k, v).shape
+    (1, 2, 6, 4)
+    """
+    return get_attention(kind).forward(q, k, v, {} if params is None else params, causal=causal,
+                                       key_mask=key_mask, eps=eps)
+
+
+def attention_backward(kind: str, dout, q, k, v, params: Optional[Params] = None, *, causal: bool = False,
+                       key_mask=None, eps: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+    """Gradients of :func:`attention`: ``(dq, dk, dv, dparams)``, dparams keyed by the
+    kind's learnable parameter names (``get_attention(kind).learnable``).
+
+    Parameters
+    ----------
+    kind, q, k, v, params, causal, key_mask, eps
+        As for :func:`attention`.
+    dout : ndarray (B, H, Nq, e)
+        The gradient of the loss with respect to the output.
+
+    Returns
+    -------
+    tuple
+        dq, dk, dv like q, k, v, and a dict of the learnable parameters' gradients.
+
+    Examples
+    --------
+    >>> import numpy as np, flexformer as ff
+    >>> q = k = v = np.random.default_rng(0).standard_normal((1, 2, 6, 4))
+    >>> params = ff.get_attention("hedgehog").init(2, 4, rng=0)
+    >>> dq, dk, dv, dparams = ff.attention_backward("hedgehog", np.ones_like(v), q, k, v, params)
+    >>> sorted(dparams), dparams["W"].shape
+    (['W'], (2, 4, 4))
+    """
+    return get_attention(kind).backward(dout, q, k, v, {} if params is None else params, causal=causal,
+                                        key_mask=key_mask, eps=eps)
 
 
 # ------------------------------------------------------------- feature maps by kind name

@@ -1,6 +1,6 @@
 """The softmax family: exact softmax attention and Linformer, NumPy in / NumPy out.
 
-Shapes as in :mod:`flexformer.attention`: q (B, H, Nq, d), k (B, H, Nk, d),
+Shapes as in :mod:`flexformer.functional`: q (B, H, Nq, d), k (B, H, Nk, d),
 v (B, H, Nk, e), key_mask (B, Nk) bool (True = attend); float32 or float64.
 """
 from __future__ import annotations

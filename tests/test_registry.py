@@ -141,3 +141,38 @@ def test_parameter_names_and_layouts_come_from_the_c_table():
             check_param_shapes(name, kind.init(3, 5, num_features=7, rng=0), 3, 5)
     assert _C.kinds["linear"]["query"] == "phi_q" and not _C.kinds["softmax"]["linear"]
     assert set(_C.projection_kinds) == {k for k, row in _C.kinds.items() if row["keeps_projections"]}
+
+
+@pytest.mark.parametrize("name", ff.attention_kinds())
+def test_one_call_for_every_kind(name):
+    """ff.attention / ff.attention_backward give every kind the same surface; where a named
+    function exists they agree with it bit for bit, and with the quadratic-form reference."""
+    from flexformer import reference
+
+    kind = ff.get_attention(name)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 2, 9, 4)) * 0.5 for _ in range(3))
+    dout = rng.standard_normal(v.shape)
+    params = kind.init(2, 4, num_features=5, max_len=9, rng=1)
+    mask = random_mask(2, 9, seed=3)
+    causal = kind.causal
+    out = ff.attention(name, q, k, v, params or None, causal=causal, key_mask=mask)
+    named = {"flex_s": ff.flex_s_attention, "flex_n": ff.flex_n_attention, "performer": ff.performer_attention,
+             "hedgehog": ff.hedgehog_attention, "softmax": ff.softmax_attention,
+             "linformer": ff.linformer_attention}.get(name)
+    if named is not None:
+        np.testing.assert_array_equal(out, named(q, k, v, *(params[n] for n in kind.params), causal=causal,
+                                                 key_mask=mask))
+    if name == "softmax":
+        np.testing.assert_allclose(out, reference.softmax_attention(q, k, v, causal=True, key_mask=mask),
+                                   rtol=1e-10, atol=1e-12)
+    dq, dk, dv, dparams = ff.attention_backward(name, dout, q, k, v, params, causal=causal, key_mask=mask)
+    want = kind.backward(dout, q, k, v, params, causal=causal, key_mask=mask)
+    for got, ref in zip((dq, dk, dv), want[:3]):
+        np.testing.assert_array_equal(got, ref)
+    assert sorted(dparams) == sorted(kind.learnable)
+    if kind.params:
+        with pytest.raises(ValueError, match=f"params for {name} must hold"):
+            ff.attention(name, q, k, v)
+    with pytest.raises(ValueError, match="unknown attention kind"):
+        ff.attention(name + "_x", q, k, v)

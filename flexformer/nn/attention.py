@@ -5,7 +5,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..attention import DEFAULT_EPS
+from ..functional import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
 from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_short_conv

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
-from .. import attention as _lin
+from .. import functional as _lin
 from ..registry import get_attention, require_params
 from .ops import kernel_attention
 
