@@ -172,7 +172,7 @@ def train_phase(args) -> None:
 # --------------------------------------------------------------------------- report
 
 def curves(args, times: dict) -> dict:
-    """{(kind, length): {seed: [(seconds, bits per char, measured train seconds)]}}"""
+    """{(kind, length): {seed: [(seconds, bits per char, measured train seconds, step)]}}"""
     out = {}
     for kind in args.kinds:
         for length in args.lengths:
@@ -183,14 +183,14 @@ def curves(args, times: dict) -> dict:
                     continue
                 rows = [json.loads(line) for line in open(path)]
                 out.setdefault((kind, length), {})[seed] = [
-                    (r["step"] * step_s, r["eval_bits_per_char"], r["train_seconds"]) for r in rows]
+                    (r["step"] * step_s, r["eval_bits_per_char"], r["train_seconds"], r["step"]) for r in rows]
     return out
 
 
 def time_to_reach(curve, level: float):
     """The first seconds at which a curve's bits per char is <= level (linear between
     evaluations), or None."""
-    for (t0, b0, _), (t1, b1, _) in zip(curve, curve[1:]):
+    for (t0, b0, *_), (t1, b1, *_) in zip(curve, curve[1:]):
         if b1 <= level:
             return t1 if b0 == b1 else t0 + (t1 - t0) * (b0 - level) / (b0 - b1)
     return None
@@ -228,7 +228,7 @@ def report(args) -> str:
                 rm, rsd, rn = mean_sd([time_to_reach(c, lv) for c in runs[k, length].values()])
                 reach.append("not reached" if rm is None else f"{rm:.0f} ± {rsd:.0f}" +
                              ("" if rn == n else f" ({rn} of {n})"))
-            steps = round(runs[k, length][next(iter(runs[k, length]))][-1][0] / times[k, length, 2]["step_s"])
+            steps = next(iter(runs[k, length].values()))[-1][3]
             lines.append(f"| {k} | {steps} | {m:.3f} ± {sd:.3f} ({n}) | " + " | ".join(reach) +
                          f" | {times[k, length, 1]['step_s']:.2f} | {times[k, length, 2]['step_s']:.2f} | "
                          f"{times[k, length, 2]['peak_rss_mib']:.0f} |")

@@ -8,10 +8,12 @@ dtype, the same split as ``csrc/featmap_*.inc``, so a guard or a stabiliser buil
 matches the kernels. The torch twins take the ``torch`` module as their first argument, so
 this module never imports torch.
 
-Which kind uses which function is recorded in the registry (:mod:`flexformer.registry`,
-fields ``feature_map``, ``feature_grad``, ``feature_size``, ``torch_feature_map``), which
-also looks them up by kind name (:func:`flexformer.registry.features`,
-``num_features``, ``feature_backward``). This module knows no kind names.
+This module holds what several kinds share: the projection onto frequencies, the torch
+Fourier-feature node of flex_s and flex_n, and the normalised split of taylor's, elu's and
+the user's own features. Each kind's own map lives in its module under
+:mod:`flexformer.kinds`; the registry looks them up by kind name
+(:func:`flexformer.registry.features`, ``num_features``, ``feature_backward``). This module
+knows no kind names.
 """
 from __future__ import annotations
 
@@ -23,28 +25,12 @@ import numpy as np
 Params = Dict[str, np.ndarray]
 
 
-def _proj(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+def project(x: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """x (B, H, T, d) onto the rows of W (H, m, d): (B, H, T, m), in x's dtype."""
     return np.einsum("bhtd,hmd->bhtm", x, W.astype(x.dtype, copy=False))
 
 
-# ----------------------------------------------------------------- Flexformer (flex_s, rfa, flex_n)
-
-def flex_s_features(x, p):
-    """f = m^-1/2 [cos(W x), sin(W x)], s = |x|^2 / (2 sqrt d); W = ``omega`` (H, m, d)."""
-    omega = p["omega"]
-    u = _proj(x, omega)
-    f = np.concatenate([np.cos(u), np.sin(u)], axis=-1) * x.dtype.type(1.0 / np.sqrt(omega.shape[1]))
-    return f, (x * x).sum(-1) * x.dtype.type(1.0 / (2.0 * np.sqrt(x.shape[-1])))
-
-
-def flex_s_features_grad(x, p, df, ds):
-    omega = p["omega"]
-    m = omega.shape[1]
-    u = _proj(x, omega)
-    c = x.dtype.type(1.0 / np.sqrt(m))
-    du = c * (np.cos(u) * df[..., m:] - np.sin(u) * df[..., :m])
-    return {"omega": np.einsum("bhtm,bhtd->hmd", du, x)}
-
+# ----------------------------------------------------------------- Fourier features (flex_s, flex_n)
 
 _FOURIER = {}
 
@@ -130,117 +116,7 @@ def fourier_features_torch(torch, x, W, pairs: int):
     return fn.apply(x, W, pairs)[0]
 
 
-def flex_s_features_torch(torch, x, p):
-    return fourier_features_torch(torch, x, p["omega"], 1), (x * x).sum(-1) / (2.0 * math.sqrt(x.shape[-1]))
-
-
-def flex_n_features(x, p):
-    """f = (4m)^-1/2 [cos(A x) + cos(B x), sin(A x) + sin(B x)], s = e^-tau |x|^2;
-    A, B = ``omega1``, ``omega2`` (H, m, d), ``tau`` (H,)."""
-    a, b = _proj(x, p["omega1"]), _proj(x, p["omega2"])
-    c = x.dtype.type(1.0 / np.sqrt(4.0 * p["omega1"].shape[1]))
-    f = np.concatenate([np.cos(a) + np.cos(b), np.sin(a) + np.sin(b)], axis=-1) * c
-    coef = np.exp(-np.asarray(p["tau"], dtype=x.dtype))[None, :, None]
-    return f, (x * x).sum(-1) * coef
-
-
-def flex_n_features_grad(x, p, df, ds):
-    m = p["omega1"].shape[1]
-    a, b = _proj(x, p["omega1"]), _proj(x, p["omega2"])
-    c = x.dtype.type(1.0 / np.sqrt(4.0 * m))
-    dfc, dfs = df[..., :m], df[..., m:]
-    da = c * (np.cos(a) * dfs - np.sin(a) * dfc)
-    db = c * (np.cos(b) * dfs - np.sin(b) * dfc)
-    s = (x * x).sum(-1) * np.exp(-np.asarray(p["tau"], dtype=x.dtype))[None, :, None]
-    return {"omega1": np.einsum("bhtm,bhtd->hmd", da, x), "omega2": np.einsum("bhtm,bhtd->hmd", db, x),
-            "tau": -(ds * s).sum(axis=(0, 2))}
-
-
-def flex_n_features_torch(torch, x, p):
-    # one projection onto the stacked pair [A; B], as the C map does
-    f = fourier_features_torch(torch, x, torch.cat([p["omega1"], p["omega2"]], 1), 2)
-    return f, (x * x).sum(-1) * torch.exp(-p["tau"])[None, :, None]
-
-
-def flex_s_size(p, d):
-    """F = 2m: the cos and sin halves."""
-    return 2 * p["omega"].shape[1]
-
-
-def flex_n_size(p, d):
-    """F = 2m: the cos and sin halves (of the summed pair)."""
-    return 2 * p["omega1"].shape[1]
-
-
-# ----------------------------------------------------------------- positive feature maps
-
-def performer_features(x, p):
-    """FAVOR+: f_i = exp(w_i.x' - c) / sqrt m, s = c - |x'|^2 / 2, x' = x d^-1/4, c = max_i w_i.x'."""
-    xs = x * x.dtype.type(x.shape[-1] ** -0.25)
-    u = _proj(xs, p["omega"])
-    c = u.max(-1)
-    f = np.exp(u - c[..., None]) * x.dtype.type(1.0 / np.sqrt(p["omega"].shape[1]))
-    return f, c - x.dtype.type(0.5) * (xs * xs).sum(-1)
-
-
-def performer_features_torch(torch, x, p):
-    xs = x * x.shape[-1] ** -0.25
-    u = torch.einsum("bhnd,hmd->bhnm", xs, p["omega"])
-    c = u.amax(-1)
-    f = torch.exp(u - c.unsqueeze(-1)) / math.sqrt(p["omega"].shape[1])
-    return f, c - 0.5 * (xs * xs).sum(-1)
-
-
-def hedgehog_features(x, p):
-    """f = softmax([x W, -x W]) over 2m entries, s = 0; W (H, d, m)."""
-    u = np.einsum("bhtd,hdm->bhtm", x, p["W"].astype(x.dtype, copy=False))
-    z = np.concatenate([u, -u], axis=-1)
-    z = np.exp(z - z.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True), np.zeros(x.shape[:-1], x.dtype)
-
-
-def hedgehog_features_grad(x, p, df, ds):
-    f, _ = hedgehog_features(x, p)
-    m = p["W"].shape[2]
-    dz = f * (df - (f * df).sum(-1, keepdims=True))
-    return {"W": np.einsum("bhtd,bhtm->hdm", x, dz[..., :m] - dz[..., m:])}
-
-
-def hedgehog_features_torch(torch, x, p):
-    u = torch.einsum("bhnd,hdm->bhnm", x, p["W"])
-    return torch.softmax(torch.cat([u, -u], -1), -1), torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
-
-
-def hedgehog_size(p, d):
-    return 2 * p["W"].shape[2]
-
-
-def _taylor_phi(x, cat, outer, ones):
-    xs = x * x.shape[-1] ** -0.25
-    quad = outer(xs).reshape(xs.shape[:-1] + (-1,)) * (0.5 ** 0.5)
-    return cat([ones(xs[..., :1]), xs, quad])
-
-
-def taylor_features(x, p):
-    """Based's second-order Taylor map phi(x) = [1, x', vec(x' x'^T) / sqrt 2], x' = x d^-1/4,
-    so phi(q).phi(k) = 1 + t + t^2 / 2 for t = q.k / sqrt d; normalised: f = phi / |phi|,
-    s = log |phi|."""
-    phi = _taylor_phi(x, lambda parts: np.concatenate(parts, -1), lambda xs: xs[..., :, None] * xs[..., None, :],
-                      np.ones_like).astype(x.dtype, copy=False)
-    return normalised(phi)
-
-
-def taylor_features_torch(torch, x, p):
-    phi = _taylor_phi(x, lambda parts: torch.cat(parts, -1), lambda xs: xs.unsqueeze(-1) * xs.unsqueeze(-2),
-                      torch.ones_like)
-    return normalised_torch(torch, phi)
-
-
-def taylor_size(p, d):
-    return 1 + d + d * d
-
-
-# ----------------------------------------------------------------- the generic core's maps
+# ----------------------------------------------------------------- the normalised split
 
 def normalised(phi):
     """f = phi / |phi|, s = log |phi| (-inf and f = 0 for a zero row): the split of any
@@ -257,28 +133,3 @@ def normalised_torch(torch, phi):
     safe = torch.where(norm > 0, norm, torch.ones_like(norm))
     f = torch.where((norm > 0).unsqueeze(-1), phi / safe.unsqueeze(-1), torch.zeros_like(phi))
     return f, torch.where(norm > 0, safe.log(), torch.full_like(norm, -math.inf))
-
-
-def elu_plus_one(x: np.ndarray) -> np.ndarray:
-    """elu(x) + 1 (Katharopoulos et al., 2020), in x's dtype: the elu kind's feature map."""
-    x = np.asarray(x)
-    return np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))).astype(x.dtype)
-
-
-def elu_plus_one_grad(x: np.ndarray) -> np.ndarray:
-    """d(elu(x) + 1)/dx, in x's dtype."""
-    x = np.asarray(x)
-    return np.where(x > 0, 1, np.exp(np.minimum(x, 0))).astype(x.dtype)
-
-
-def elu_features(x, p):
-    return normalised(elu_plus_one(x))
-
-
-def elu_features_torch(torch, x, p):
-    return normalised_torch(torch, torch.nn.functional.elu(x) + 1)
-
-
-def input_size(p, d):
-    """F = d: the features are (a function of) the inputs themselves."""
-    return d

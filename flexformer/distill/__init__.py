@@ -8,7 +8,7 @@ rows of every sequence and over heads (Zhang et al. 2024, Hedgehog, train kernel
 way; the Flexformer paper distils its kernels with the same loss).
 
 Quadratic form: sequences up to a few hundred tokens. With phi(x) = exp(s(x)) f(x)
-(:mod:`flexformer.features`), k(q_i, k_j) = exp(s(q_i) + s(k_j)) f(q_i).f(k_j); the query
+(:mod:`flexformer.kinds`), k(q_i, k_j) = exp(s(q_i) + s(k_j)) f(q_i).f(k_j); the query
 factor cancels in b, so log b_ij = l_ij - logsumexp_j l_ij with
 l_ij = s(k_j) + log max(f(q_i).f(k_j), floor). Trig features can make f(q_i).f(k_j) zero
 or negative, where log b would not exist; the floor (default 1e-6, relative to the bound

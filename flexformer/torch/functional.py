@@ -34,7 +34,7 @@ Tensor = torch.Tensor
 
 def _features(kind: str, x: Tensor, p: Dict[str, Tensor]):
     """(f, s) with phi(x) = exp(s) f, |f| <= 1, as csrc/featmap_*.inc: the kind's torch twin
-    from the registry (:mod:`flexformer.features` holds them)."""
+    from the registry (each kind's module in :mod:`flexformer.kinds` holds them)."""
     return get_attention(kind).torch_feature_map(torch, x, p)
 
 
