@@ -66,7 +66,8 @@ def parameter_summary(params):
 
 FLEX_N = register(
     "flex_n", "Flexformer_n: nonstationary learnable frequency pairs and scale", table="flex_n",
-    complexity="O(N m (d + e))", _init=init, kernel="flex_n", init_options=("scale", "spread", "match_tau", "symmetric"),
+    complexity="O(N m (d + e))", _init=init, kernel="flex_n",
+    init_options=("scale", "spread", "match_tau", "symmetric"),
     feature_map=features, feature_grad=features_grad, feature_size=feature_size, torch_feature_map=features_torch,
     distill=True, signed_features=True, nominal_scale=nominal_scale, parameter_summary=parameter_summary,
     **LINEAR_KIND)
