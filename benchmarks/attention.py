@@ -237,7 +237,7 @@ def _check_against_c(kind: str, q, k, v, params, causal: bool, got) -> dict:
     else:
         den, bound = fq @ fkw.sum(2)[..., None], w.sum(-1, keepdims=True)
         den = den[..., 0]
-    away = den > 10 * ff.attention.DEFAULT_EPS * bound
+    away = den > 10 * ff.DEFAULT_EPS * bound
     err = np.abs(got - ours).max(-1) / np.maximum(np.abs(ours).max(-1), 1e-30)
     return {"check_rel_err": float(err[away].max()) if away.any() else float("nan"),
             "check_rows": int(away.sum()), "rows": int(away.size)}

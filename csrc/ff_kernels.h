@@ -1,14 +1,13 @@
 /* Public C entry points of the flexformer kernels (no Python here).
  * Every array is C-contiguous; sizes are element counts; every function returns an
- * ff_status (ff_common.h): the linear kinds' forward and backward return
- * FF_NONFINITE_OUTPUT, not FF_OK, when a result they wrote holds NaN or inf. `eps` is
- * the denominator guard (see linattn_core.inc); nthreads <= 0 means the OpenMP
- * default. Each attention kind has a forward and a backward; the linear kinds' forward
- * can also write their key_state ((B,H,F*e+F+2), bidirectional only, NULL to skip),
- * which their backward then reads in place of the key pass. Each kind also has a
- * uniform adapter name_attention_call (one ff_attention_args, forward when dout is
- * NULL) through which the glue dispatches (kinds.h). The _f32 and _f64 variants are the
- * same source compiled for float and double (kernels.c). */
+ * ff_status (ff_common.h): the linear kinds' entries return FF_NONFINITE_OUTPUT, not
+ * FF_OK, when a result they wrote holds NaN or inf. Each attention kind of kinds.h has one
+ * entry, <kind>_attention_f32 / _f64, taking one ff_attention_args: the forward when dout
+ * is NULL, the backward otherwise. `eps` is the linear kinds' denominator guard (see
+ * linattn_core.inc); nthreads <= 0 means the OpenMP default. The linear kinds' forward can
+ * also write their key_state ((B,H,F*e+F+2), bidirectional only, NULL to skip), which their
+ * backward then reads in place of the key pass. The _f32 and _f64 variants are the same
+ * source compiled for float and double (kernels.c). */
 #ifndef FF_KERNELS_H
 #define FF_KERNELS_H
 
@@ -24,7 +23,7 @@ int ff_wide_copies(int use_double);
 int ff_max_threads(void);
 
 /* One attention call in a kind-independent form; arrays are float or double by the
- * adapter's suffix, unused fields are NULL / 0. */
+ * entry's suffix, unused fields are NULL / 0. */
 typedef struct {
     void *out;                 /* forward: (B,H,Nq,e) */
     int64_t *guard_count;      /* forward, linear kinds: (B,H) */
@@ -45,88 +44,14 @@ typedef struct {
     double eps, scale;         /* linear kinds' guard; softmax kinds' logit scale */
 } ff_attention_args;
 
-#define FF_DECLARE_CALL(name, ...)                                                          \
-    int name##_attention_call_f32(const ff_attention_args *a);                              \
-    int name##_attention_call_f64(const ff_attention_args *a);
-FF_KINDS(FF_DECLARE_CALL)
-#undef FF_DECLARE_CALL
+#define FF_DECLARE_ENTRY(name, ...)                                                         \
+    int name##_attention_f32(const ff_attention_args *a);                                   \
+    int name##_attention_f64(const ff_attention_args *a);
+FF_KINDS(FF_DECLARE_ENTRY)
+#undef FF_DECLARE_ENTRY
 
-#define FF_DECLARE_FLEX(real, sfx)                                                          \
-    int flex_s_attention_forward_##sfx(                                                     \
-        real *out, int64_t *guard_count, real *key_state, const real *q, const real *k,     \
-        const real *v, const real *omega, const uint8_t *key_mask, size_t B, size_t H,      \
-        size_t Nq, size_t Nk, size_t d, size_t e, size_t m, int causal, real eps,           \
-        int nthreads);                                                                      \
-    int flex_s_attention_backward_##sfx(                                                    \
-        real *dq, real *dk, real *dv, real *domega, const real *dout, const real *q,        \
-        const real *k, const real *v, const real *omega, const real *key_state,             \
-        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
-        size_t e, size_t m, int causal, real eps, int nthreads);                            \
-    int flex_n_attention_forward_##sfx(                                                     \
-        real *out, int64_t *guard_count, real *key_state, const real *q, const real *k,     \
-        const real *v, const real *omega1, const real *omega2, const real *tau,             \
-        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
-        size_t e, size_t m, int causal, real eps, int nthreads);                            \
-    int flex_n_attention_backward_##sfx(                                                    \
-        real *dq, real *dk, real *dv, real *domega1, real *domega2, real *dtau,             \
-        const real *dout, const real *q, const real *k, const real *v, const real *omega1,  \
-        const real *omega2, const real *tau, const real *key_state,                         \
-        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
-        size_t e, size_t m, int causal, real eps, int nthreads);                            \
-    int performer_attention_forward_##sfx(                                                  \
-        real *out, int64_t *guard_count, real *key_state, const real *q, const real *k,     \
-        const real *v, const real *omega, const uint8_t *key_mask, size_t B, size_t H,      \
-        size_t Nq, size_t Nk, size_t d, size_t e, size_t m, int causal, real eps,           \
-        int nthreads);                                                                      \
-    int performer_attention_backward_##sfx(                                                 \
-        real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,       \
-        const real *v, const real *omega, const real *key_state, const uint8_t *key_mask,   \
-        size_t B, size_t H, size_t Nq, size_t Nk, size_t d, size_t e, size_t m, int causal, \
-        real eps, int nthreads);                                                            \
-    int hedgehog_attention_forward_##sfx(                                                   \
-        real *out, int64_t *guard_count, real *key_state, const real *q, const real *k,     \
-        const real *v, const real *W, const uint8_t *key_mask, size_t B, size_t H,          \
-        size_t Nq, size_t Nk, size_t d, size_t e, size_t m, int causal, real eps,           \
-        int nthreads);                                                                      \
-    int hedgehog_attention_backward_##sfx(                                                  \
-        real *dq, real *dk, real *dv, real *dW, const real *dout, const real *q,            \
-        const real *k, const real *v, const real *W, const real *key_state,                 \
-        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
-        size_t e, size_t m, int causal, real eps, int nthreads);                            \
-    int taylor_attention_forward_##sfx(                                                     \
-        real *out, int64_t *guard_count, real *key_state, const real *q, const real *k,     \
-        const real *v, const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk,   \
-        size_t d, size_t e, int causal, real eps, int nthreads);                            \
-    int taylor_attention_backward_##sfx(                                                    \
-        real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,       \
-        const real *v, const real *key_state, const uint8_t *key_mask, size_t B, size_t H,  \
-        size_t Nq, size_t Nk, size_t d, size_t e, int causal, real eps, int nthreads);      \
-    int linear_attention_forward_##sfx(                                                     \
-        real *out, int64_t *guard_count, real *key_state, const real *phi_q,                \
-        const real *phi_k, const real *v, const uint8_t *key_mask, size_t B, size_t H,      \
-        size_t Nq, size_t Nk, size_t F, size_t e, int causal, real eps, int nthreads);      \
-    int linear_attention_backward_##sfx(                                                    \
-        real *dphi_q, real *dphi_k, real *dv, const real *dout, const real *phi_q,          \
-        const real *phi_k, const real *v, const real *key_state, const uint8_t *key_mask,   \
-        size_t B, size_t H, size_t Nq, size_t Nk, size_t F, size_t e, int causal, real eps, \
-        int nthreads);                                                                      \
-    int softmax_attention_forward_##sfx(                                                    \
-        real *out, const real *q, const real *k, const real *v, const uint8_t *key_mask,    \
-        size_t B, size_t H, size_t Nq, size_t Nk, size_t d, size_t e, real scale,           \
-        int causal, int nthreads);                                                          \
-    int softmax_attention_backward_##sfx(                                                   \
-        real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,       \
-        const real *v, const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk,   \
-        size_t d, size_t e, real scale, int causal, int nthreads);                          \
-    int linformer_attention_forward_##sfx(                                                  \
-        real *out, const real *q, const real *k, const real *v, const real *E,              \
-        const real *Fm, const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk,  \
-        size_t d, size_t e, size_t kp, size_t Nmax, size_t nEF, real scale, int nthreads);  \
-    int linformer_attention_backward_##sfx(                                                 \
-        real *dq, real *dk, real *dv, real *dE, real *dF, const real *dout, const real *q,  \
-        const real *k, const real *v, const real *E, const real *Fm,                        \
-        const uint8_t *key_mask, size_t B, size_t H, size_t Nq, size_t Nk, size_t d,        \
-        size_t e, size_t kp, size_t Nmax, size_t nEF, real scale, int nthreads);            \
+/* The other kernels of the glue (elementwise maps, layer norm, short convolution, checks). */
+#define FF_DECLARE_HELPERS(real, sfx)                                                       \
     void ff_sincos_##sfx(real *s, real *c, const real *x, size_t n);                       \
     void ff_exp_##sfx(real *y, const real *x, size_t n);                                    \
     int all_finite_##sfx(const real *p, size_t n);                                          \
@@ -145,9 +70,9 @@ FF_KINDS(FF_DECLARE_CALL)
                                   const real *w, size_t B, size_t N, size_t C, size_t W,      \
                                   int nthreads);
 
-FF_DECLARE_FLEX(float, f32)
-FF_DECLARE_FLEX(double, f64)
+FF_DECLARE_HELPERS(float, f32)
+FF_DECLARE_HELPERS(double, f64)
 
-#undef FF_DECLARE_FLEX
+#undef FF_DECLARE_HELPERS
 
 #endif /* FF_KERNELS_H */

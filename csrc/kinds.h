@@ -1,12 +1,12 @@
 /* The one list of attention kinds the C core serves. The glue (module.c) derives its
  * kind enum, argument specs, dispatch table, Python entry points and method table from
- * it; ff_kernels.h derives the declarations of the uniform call adapters. Adding a kind
+ * it; ff_kernels.h derives the declarations of the kinds' C entries. Adding a kind
  * to the core is one line here plus its feature map and entry points (featmap_*.inc,
  * ops_*.inc; see docs/architecture.md).
  *
  * X(name, qname, kname, ngrads, linear, F, R, grads_doc, refusal, params)
- *   name      the Python entry points are name_forward / name_backward, the C adapter
- *             name_attention_call_f32 / _f64 (ops_*.inc)
+ *   name      the Python entry points are name_forward / name_backward, the C entry
+ *             name_attention_f32 / _f64 (ops_*.inc, softmax.inc, linformer.inc)
  *   qname, kname  names of the query and key arguments (the generic core takes features)
  *   ngrads    parameter gradients the backward returns (the first ngrads params)
  *   linear    1: runs on the normalised linear-attention core (eps, guard count, key

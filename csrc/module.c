@@ -194,7 +194,7 @@ typedef struct {
     int linear;           /* takes eps and returns a guard count */
     int keeps_projections; /* return_projections / projections (kinds.h, R; set at import) */
     const char *causal_refusal; /* NULL: causal=True is supported */
-    int (*call[2])(const ff_attention_args *); /* the float and the double adapter */
+    int (*call[2])(const ff_attention_args *); /* the float and the double entry */
 } op_spec;
 
 /* Each kind's row, from kinds.h; nparams is counted at import (count_params). */
@@ -204,7 +204,7 @@ typedef struct {
 #define FF_UNPAREN(...) __VA_ARGS__
 #define X(name, qn, kn, ngrads, linear, F, R, grads_doc, refusal, params)                   \
     [OP_##name] = {qn, kn, 0, {FF_UNPAREN params{NULL, NULL, NULL, 0}}, ngrads, linear,    \
-                   0, refusal, {name##_attention_call_f32, name##_attention_call_f64}},
+                   0, refusal, {name##_attention_f32, name##_attention_f64}},
 static op_spec OPS[] = {FF_KINDS(X)};
 #undef X
 #undef P
@@ -665,7 +665,7 @@ static void restore_handler(PyObject *old)
 }
 
 #define DATA(a) ((a) ? PyArray_DATA(a) : NULL)
-/* Run the kernel through the kind's adapter; outputs: out (forward) or g[0..2] = dq, dk,
+/* Run the kernel through the kind's entry; outputs: out (forward) or g[0..2] = dq, dk,
  * dv and g[3..] the parameter gradients (backward). The GIL is released by the caller. */
 static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void *ks, void *kept,
                          void **g)

@@ -91,7 +91,7 @@ def test_readme_python_blocks_run():
 
 def test_ctags_indexes_the_kernels_under_their_compiled_names(tmp_path):
     """The repository's .ctags.d makes Universal Ctags read csrc/*.inc as C and expand FF():
-    the kernels appear under the names profilers show (flex_s_attention_run_f32)."""
+    the kernels appear under the names profilers show (flex_s_attention_f32)."""
     import shutil
     import subprocess
 
@@ -102,4 +102,4 @@ def test_ctags_indexes_the_kernels_under_their_compiled_names(tmp_path):
     tags = tmp_path / "tags"
     subprocess.run([ctags, "-f", str(tags), "-R", "csrc"], cwd=ROOT, check=True)
     names = {line.split("\t", 1)[0] for line in tags.read_text().splitlines() if not line.startswith("!")}
-    assert {"flex_s_attention_run_f32", "linattn_run_f32", "flex_n_attention_forward_f32"} <= names
+    assert {"flex_s_attention_f32", "linattn_run_f32", "flex_n_attention_f32", "softmax_attention_f32"} <= names

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import flexformer as ff
-from flexformer import _C, attention
+from flexformer import _C, functional
 
 from conftest import make_inputs, random_mask
 
@@ -201,8 +201,8 @@ def test_projection_errors():
     # keyword: Python's TypeError)
     om = ff.init.performer_omega(3, 6, 5, rng=0, dtype=np.float32)
     with pytest.raises(ValueError, match="performer keeps no projections"):
-        attention.kernel_attention("performer", args[0], args[1], args[2], om, return_projections=True)
+        functional.kernel_attention("performer", args[0], args[1], args[2], om, return_projections=True)
     with pytest.raises(ValueError, match="performer keeps no projections"):
-        attention.kernel_attention_backward("performer", dout, args[0], args[1], args[2], om, projections=kept)
+        functional.kernel_attention_backward("performer", dout, args[0], args[1], args[2], om, projections=kept)
     with pytest.raises(ValueError, match="keeps no projections"):
         ff.get_attention("performer").backward(dout, *args[:3], {"omega": om}, projections=kept)
