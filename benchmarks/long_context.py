@@ -16,10 +16,12 @@ the same data whatever the length.
 2-thread step time from ``steps.json``, its warmup a tenth of that, and it evaluates on the
 held-out novel (``--eval-batches`` batches of ``--tokens-per-step`` bytes) at about
 ``--points`` evenly spaced steps (``evals.jsonl``). Runs are ``flexformer train`` commands
-with the kernels on one thread, ``--jobs`` at a time: a run's results do not depend on its
-thread count or on what else the machine does, so the runs can share the machine while the
-clock they are compared on comes from the quiet ``steps`` phase. Runs already finished are
-kept; runs that fail are listed.
+with the kernels on ``--threads`` threads (default 1), ``--jobs`` at a time: a run's results
+do not depend on what else the machine does, so the runs can share the machine while the
+clock they are compared on comes from the quiet ``steps`` phase. (The thread count changes
+the rounding of the parameter-gradient sums, so ``--threads 2`` gives other trajectories of
+the same experiment; its runs go to folders of their own.) Runs already finished are kept;
+runs that fail are listed.
 
 ``report`` places each evaluation at step x (2-thread step time) seconds, averages the seeds,
 and writes ``report.md`` (bits per character at the budget, the time each kind takes to reach
@@ -120,8 +122,8 @@ def step_times(out: str) -> dict:
 
 # --------------------------------------------------------------------------- train
 
-def run_dir(out: str, kind: str, length: int, seed: int) -> str:
-    return os.path.join(out, "runs", f"{kind}-{length}-seed{seed}")
+def run_dir(out: str, kind: str, length: int, seed: int, threads: int = 1) -> str:
+    return os.path.join(out, "runs", f"{kind}-{length}-seed{seed}" + (f"-threads{threads}" if threads != 1 else ""))
 
 
 def plan(args, times: dict) -> list:
@@ -137,20 +139,21 @@ def plan(args, times: dict) -> list:
                     kind, length, args.tokens_per_step, args.data_dir), "--steps", str(steps),
                     "--warmup", str(max(1, steps // 10)), "--eval-every", str(every), "--eval-batches",
                     str(args.eval_batches), "--checkpoint-every", str(steps), "--seed", str(seed),
-                    "--threads", "1", "--quiet", "--out", run_dir(args.out, kind, length, seed)]
+                    "--threads", str(args.threads), "--quiet", "--out",
+                    run_dir(args.out, kind, length, seed, args.threads)]
                 todo.append((kind, length, seed, cmd))
     return todo
 
 
 def train_phase(args) -> None:
     times = step_times(args.out)
-    todo = [t for t in plan(args, times) if not os.path.exists(os.path.join(run_dir(args.out, *t[:3]),
-                                                                             "metrics.json"))]
+    todo = [t for t in plan(args, times)
+            if not os.path.exists(os.path.join(run_dir(args.out, *t[:3], args.threads), "metrics.json"))]
     running, failed = [], []
     while todo or running:
         while todo and len(running) < args.jobs:
             kind, length, seed, cmd = todo.pop(0)
-            folder = run_dir(args.out, kind, length, seed)
+            folder = run_dir(args.out, kind, length, seed, args.threads)
             os.makedirs(os.path.dirname(folder), exist_ok=True)
             log = open(folder + ".log", "w")
             running.append(((kind, length, seed), subprocess.Popen(cmd + ["--overwrite"], stdout=log,
@@ -178,9 +181,10 @@ def curves(args, times: dict) -> dict:
         for length in args.lengths:
             step_s = times[kind, length, 2]["step_s"]
             for seed in args.seeds:
-                path = os.path.join(run_dir(args.out, kind, length, seed), "evals.jsonl")
-                if not os.path.exists(os.path.join(run_dir(args.out, kind, length, seed), "metrics.json")):
+                folder = run_dir(args.out, kind, length, seed, args.threads)
+                if not os.path.exists(os.path.join(folder, "metrics.json")):
                     continue
+                path = os.path.join(folder, "evals.jsonl")
                 rows = [json.loads(line) for line in open(path)]
                 out.setdefault((kind, length), {})[seed] = [
                     (r["step"] * step_s, r["eval_bits_per_char"], r["train_seconds"], r["step"]) for r in rows]
@@ -207,7 +211,8 @@ def report(args) -> str:
     times = step_times(args.out)
     runs = curves(args, times)
     lines = [f"Machine: {cpu_model()}. Budget {args.budget:g} s of 2-thread training time per run, "
-             f"{args.tokens_per_step:,} bytes per step, seeds {', '.join(map(str, args.seeds))}.", ""]
+             f"{args.tokens_per_step:,} bytes per step, seeds {', '.join(map(str, args.seeds))}, runs on "
+             f"{args.threads} kernel thread(s).", ""]
     for length in args.lengths:
         kinds = [k for k in args.kinds if (k, length) in runs]
         if not kinds:
@@ -237,7 +242,8 @@ def report(args) -> str:
     lines.append(f"Peak RSS is the whole process's; one that has imported flexformer and read the novels holds "
                  f"{base:.0f} MiB.")
     text = "\n".join(lines) + "\n"
-    with open(os.path.join(args.out, "report.md"), "w") as fh:
+    name = "report.md" if args.threads == 1 else f"report-threads{args.threads}.md"
+    with open(os.path.join(args.out, name), "w") as fh:
         fh.write(text)
     if args.plot:
         plot(args, runs, args.plot)
@@ -288,6 +294,9 @@ def main(argv=None) -> None:
         if name != "steps":
             q.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
             q.add_argument("--budget", type=float, default=90.0, help="2-thread training seconds per run")
+        if name != "steps":
+            q.add_argument("--threads", type=int, default=1, help="kernel threads of the runs (the clock is "
+                           "the 2-thread step time either way)")
         if name == "train":
             q.add_argument("--points", type=int, default=6, help="evaluations per run (about)")
             q.add_argument("--eval-batches", type=int, default=4)
