@@ -1,6 +1,6 @@
 """What every attention kind is: :class:`AttentionKind`, the record of one kind (its
-parameters, capabilities, functions and hooks), and :data:`TABLE`, the kinds in the order
-their modules register them. The parameter names, layouts, learnable subset and causal
+parameters, capabilities, functions and hooks), and :data:`TABLE`, the kinds by name in
+the order flexformer/kinds/__init__.py lists them. The parameter names, layouts, learnable subset and causal
 support of a kind come from its row of csrc/kinds.h (``_C.kinds``)."""
 from __future__ import annotations
 
