@@ -18,10 +18,9 @@ held-out novel (``--eval-batches`` batches of ``--tokens-per-step`` bytes) at ab
 ``--points`` evenly spaced steps (``evals.jsonl``). Runs are ``flexformer train`` commands
 with the kernels on ``--threads`` threads (default 1), ``--jobs`` at a time: a run's results
 do not depend on what else the machine does, so the runs can share the machine while the
-clock they are compared on comes from the quiet ``steps`` phase. (The thread count changes
-the rounding of the parameter-gradient sums, so ``--threads 2`` gives other trajectories of
-the same experiment; its runs go to folders of their own.) Runs already finished are kept;
-runs that fail are listed.
+clock they are compared on comes from the quiet ``steps`` phase. (The thread count can
+change the rounding of the parameter-gradient sums and so a trajectory; ``--threads 2`` runs
+go to folders of their own.) Runs already finished are kept; runs that fail are listed.
 
 ``report`` places each evaluation at step x (2-thread step time) seconds, averages the seeds,
 and writes ``report.md`` (bits per character at the budget, the time each kind takes to reach
