@@ -2,6 +2,7 @@
 checkpoint, resume exactly, stop cleanly on Ctrl-C."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -615,14 +616,21 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
     def train_seconds() -> float:
         return earlier_seconds + time.perf_counter() - start - paused
 
-    def write_eval(step, result=None, seconds=None):
+    @contextlib.contextmanager
+    def off_the_clock():
         nonlocal paused
         began = time.perf_counter()
-        row = {"step": step, "train_seconds": round(train_seconds() if seconds is None else seconds, 3),
-               **(result if result is not None else evaluate(cfg, model, data))}
-        with open(os.path.join(out_dir, "evals.jsonl"), "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        paused += time.perf_counter() - began
+        try:
+            yield
+        finally:
+            paused += time.perf_counter() - began
+
+    def write_eval(step, result=None, seconds=None):
+        with off_the_clock():
+            row = {"step": step, "train_seconds": round(train_seconds() if seconds is None else seconds, 3),
+                   **(result if result is not None else evaluate(cfg, model, data))}
+            with open(os.path.join(out_dir, "evals.jsonl"), "a") as fh:
+                fh.write(json.dumps(row) + "\n")
 
     losses, tokens, start, step = [], 0, time.perf_counter(), start_step
     if cfg.eval_every and start_step == 0:
@@ -639,9 +647,8 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
                 break
             diag_due = cfg.diagnostics_every and (step % cfg.diagnostics_every == 0 or step == cfg.steps - 1)
             if diag_due:
-                began = time.perf_counter()
-                record_diagnostics(step, loss)  # of this step's forward, before its update
-                paused += time.perf_counter() - began
+                with off_the_clock():
+                    record_diagnostics(step, loss)  # of this step's forward, before its update
             model.backward(dlogits)
             norm = clip_global_norm(named, cfg.clip)
             if not math.isfinite(norm):
@@ -654,9 +661,8 @@ def _train(cfg, out_dir, *, resume, progress, stop_at, steps, stream, threads) -
                           f"checkpoint kept")
                 break
             if diag_due:
-                began = time.perf_counter()
-                write_diagnostics()
-                paused += time.perf_counter() - began
+                with off_the_clock():
+                    write_diagnostics()
             step += 1
             if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                 write_eval(step)
