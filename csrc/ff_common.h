@@ -96,8 +96,8 @@ static inline int ff_threads(int requested)
 /* Run `call` on a team of `T` threads, or on the calling thread alone when T is 1. The
  * loops inside `call` are orphaned `omp for`s: in a team they share the work, alone they
  * run serially. A team of one is avoided because libgomp ends each of its barriers with a
- * futex system call all the same (0.4-1 us each on the Zen 4 measured: a one-token
- * recurrent step paid three, more than half of the call at tiny sizes). */
+ * futex system call all the same (a one-token recurrent step paid three, more than half
+ * of the call at tiny sizes). */
 #ifdef _OPENMP
 #define FF_TEAM(T, call)                                                                   \
     do {                                                                                   \
@@ -126,8 +126,8 @@ static inline int ff_thread_id(void)
 }
 
 /* Run-time choice between code compiled for x86-64 levels 2 (baseline), 3 (AVX2, FMA)
- * and 4 (AVX-512): trig.inc compiles its loop for each, dense.inc for levels 2 and 3.
- * FF_NO_CLONES builds the baseline only. */
+ * and 4 (AVX-512): isa_copies.inc compiles a tile once for each. FF_NO_CLONES builds the
+ * baseline only. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && (__GNUC__ >= 11) && \
     !defined(FF_NO_CLONES)
 #define FF_X86_DISPATCH 1
@@ -167,6 +167,17 @@ static inline size_t ff_causal_cache_bytes(void)
 
 void ff_set_causal_cache_bytes(size_t bytes);
 
+#define FF_PASTE_(a, b) a##b
+#define FF_PASTE(a, b) FF_PASTE_(a, b)
+
+/* Per-instruction-set copies have one mechanism: a tile file (*_tile.inc) written once,
+ * included by isa_copies.inc once per instruction set with FF_ISA_SFX (base, avx2,
+ * avx512), FF_ISA_COPY (2, 3, 4: the x86-64 level it is compiled for) and FF_ISA_TARGET
+ * (GCC's target attribute) defined; FF_ISA_FN(name) names that copy, FF(name_<sfx>). */
+#define FF_ISA_FN(name) FF(FF_PASTE(FF_PASTE(name, _), FF_ISA_SFX))
+/* the vector bytes of that copy: SSE2's 16, AVX2's 32, AVX-512's 64 */
+#define FF_ISA_VBYTES (FF_ISA_COPY == 4 ? 64 : FF_ISA_COPY == 3 ? 32 : 16)
+
 /* The copy of FF(name) for an instruction-set level (FF_ISA_LEVEL(), read once per call
  * and passed in): name_avx512 at 4, name_avx2 at 3, name_base below, and name_base alone
  * in a build without the copies (FF_X86_DISPATCH 0). For the hot loops compiled once per
@@ -177,10 +188,20 @@ void ff_set_causal_cache_bytes(size_t bytes);
     ((level) >= 4   ? FF(name##_avx512)(__VA_ARGS__)                                       \
      : (level) >= 3 ? FF(name##_avx2)(__VA_ARGS__)                                         \
                     : FF(name##_base)(__VA_ARGS__))
+/* The same for routines with a base and an AVX2 copy only (level 4 runs the AVX2 one). */
+#define FF_ISA_CALL_AVX2(name, level, ...)                                                 \
+    ((level) >= 3 ? FF(name##_avx2)(__VA_ARGS__) : FF(name##_base)(__VA_ARGS__))
 #else
 #define FF_ISA_LEVEL() 2
 #define FF_ISA_CALL(name, level, ...) ((void)(level), FF(name##_base)(__VA_ARGS__))
+#define FF_ISA_CALL_AVX2(name, level, ...) ((void)(level), FF(name##_base)(__VA_ARGS__))
 #endif
+/* The call for a tile compiled with FF_TILE_COPIES = copies (a literal 1, 2 or 3):
+ * the baseline copy alone, FF_ISA_CALL_AVX2, FF_ISA_CALL. */
+#define FF_ISA_CALL_1(name, level, ...) ((void)(level), FF(name##_base)(__VA_ARGS__))
+#define FF_ISA_CALL_2 FF_ISA_CALL_AVX2
+#define FF_ISA_CALL_3 FF_ISA_CALL
+#define FF_ISA_CALL_COPIES(copies, ...) FF_PASTE(FF_ISA_CALL_, copies)(__VA_ARGS__)
 
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */

@@ -1,9 +1,10 @@
 /* Instantiates every kernel body twice, once per dtype: the bodies (*.inc) are
- * written against `real` and name their functions through FF(). */
+ * written against `real` and name their functions through FF(), which expands its
+ * argument first (so FF_ISA_FN(name) can name a per-instruction-set copy). */
 #include "ff_common.h"
 #include "ff_kernels.h"
 
-#define FF(name) name##_f32
+#define FF(name) FF_PASTE(name, _f32)
 #define real float
 #define R_EXP expf
 #define R_SIN sinf
@@ -23,7 +24,7 @@
 #undef R_LOG
 #undef FF_DOUBLE
 
-#define FF(name) name##_f64
+#define FF(name) FF_PASTE(name, _f64)
 #define real double
 #define R_EXP exp
 #define R_SIN sin
