@@ -34,6 +34,8 @@
     X(performer, "q", "k", 0, 1, m, 0, "(dq, dk, dv)", NULL, (P("omega", "Hmd")))           \
     X(hedgehog, "q", "k", 1, 1, 2 * m, 0, "(dq, dk, dv, dW)", NULL, (P("W", "Hdm")))        \
     X(taylor, "q", "k", 0, 1, 1 + d + d * d, 0, "(dq, dk, dv)", NULL, ())                   \
+    X(rebased, "q", "k", 2, 1, d * d, 0, "(dq, dk, dv, dgamma, dbeta)", NULL,                 \
+      (P("gamma", "Hd") P("beta", "Hd")))                                                  \
     X(linear, "phi_q", "phi_k", 0, 1, d, 0, "(dphi_q, dphi_k, dv)", NULL, ())               \
     X(softmax, "q", "k", 0, 0, 0, 0, "(dq, dk, dv)", NULL, ())                              \
     X(linformer, "q", "k", 2, 0, 0, 0, "(dq, dk, dv, dE, dF)",                              \

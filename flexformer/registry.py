@@ -82,8 +82,10 @@ def get_attention(name: str) -> AttentionKind:
 
 
 def attention(kind: str, q, k, v, params: Optional[Params] = None, *, causal: bool = False, key_mask=None,
-              eps: Optional[float] = None) -> np.ndarray:
-    """Attention of any registered kind: the one call every kind answers the same way.
+              eps: Optional[float] = None, return_guard_count: bool = False, return_key_state: bool = False,
+              return_projections: bool = False):
+    """Attention of any registered kind: the one call every kind answers the same way, with
+    every option of the named functions (:func:`flexformer.flex_n_attention` and the like).
 
     Parameters
     ----------
@@ -100,10 +102,20 @@ def attention(kind: str, q, k, v, params: Optional[Params] = None, *, causal: bo
         True = attend.
     eps : float, optional
         The linear kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`).
+    return_guard_count : bool, optional
+        The linear kinds: also the rows per (batch, head) that hit the guard, (B, H).
+    return_key_state : bool, optional
+        The linear kinds, bidirectional: also the keys' state, for :func:`attention_backward`'s
+        ``key_state``.
+    return_projections : bool, optional
+        The kinds that keep projections (``get_attention(kind).projections``: flex_s,
+        flex_n), bidirectional: also the projections, for ``projections``.
 
     Returns
     -------
     ndarray (B, H, Nq, e)
+        Then, each when asked for and in this order: the guard count, the key state and
+        the projections.
 
     Raises
     ------
@@ -121,13 +133,18 @@ def attention(kind: str, q, k, v, params: Optional[Params] = None, *, causal: bo
     True
     >>> ff.attention("taylor", q, k, v).shape
     (1, 2, 6, 4)
+    >>> out, guard = ff.attention("rebased", q, k, v, ff.get_attention("rebased").init(2, 4), return_guard_count=True)
+    >>> guard.shape
+    (1, 2)
     """
     return get_attention(kind).forward(q, k, v, {} if params is None else params, causal=causal,
-                                       key_mask=key_mask, eps=eps)
+                                       key_mask=key_mask, eps=eps, return_guard_count=return_guard_count,
+                                       return_key_state=return_key_state, return_projections=return_projections)
 
 
 def attention_backward(kind: str, dout, q, k, v, params: Optional[Params] = None, *, causal: bool = False,
-                       key_mask=None, eps: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
+                       key_mask=None, eps: Optional[float] = None, key_state=None,
+                       projections=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Params]:
     """Gradients of :func:`attention`: ``(dq, dk, dv, dparams)``, dparams keyed by the
     kind's learnable parameter names (``get_attention(kind).learnable``).
 
@@ -137,6 +154,9 @@ def attention_backward(kind: str, dout, q, k, v, params: Optional[Params] = None
         As for :func:`attention`.
     dout : ndarray (B, H, Nq, e)
         The gradient of the loss with respect to the output.
+    key_state, projections : ndarray, optional
+        What :func:`attention` returned with ``return_key_state`` / ``return_projections``
+        for the same inputs: the backward skips recomputing them (same bits).
 
     Returns
     -------
@@ -153,7 +173,7 @@ def attention_backward(kind: str, dout, q, k, v, params: Optional[Params] = None
     (['W'], (2, 4, 4))
     """
     return get_attention(kind).backward(dout, q, k, v, {} if params is None else params, causal=causal,
-                                        key_mask=key_mask, eps=eps)
+                                        key_mask=key_mask, eps=eps, key_state=key_state, projections=projections)
 
 
 # ------------------------------------------------------------- feature maps by kind name

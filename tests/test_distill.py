@@ -41,6 +41,11 @@ def _phi(kind, x, p):
         xs = x / x.shape[-1] ** 0.25
         quad = (xs[..., :, None] * xs[..., None, :]).reshape(xs.shape[:-1] + (-1,)) / np.sqrt(2)
         return np.concatenate([np.ones(xs.shape[:-1] + (1,)), xs, quad], -1)
+    if kind == "rebased":  # vec(y y^T), y = gamma LN(x) + beta, written out
+        centred = x - x.mean(-1, keepdims=True)
+        y = p["gamma"][:, None] * centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5) \
+            + p["beta"][:, None]
+        return (y[..., :, None] * y[..., None, :]).reshape(y.shape[:-1] + (-1,))
     return reference.hedgehog_phi(x, p["W"])
 
 

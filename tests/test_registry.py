@@ -126,6 +126,7 @@ def test_parameter_names_and_layouts_come_from_the_c_table():
         "flex_n": (("omega1", "omega2", "tau"), ("(H, m, d)", "(H, m, d)", "(H,)"), ("omega1", "omega2", "tau")),
         "performer": (("omega",), ("(H, m, d)",), ()),
         "hedgehog": (("W",), ("(H, d, m)",), ("W",)),
+        "rebased": (("gamma", "beta"), ("(H, d)", "(H, d)"), ("gamma", "beta")),
         "linformer": (("E", "F"), ("(H, kp, Nmax) or (kp, Nmax)",) * 2, ("E", "F")),
         "taylor": ((), (), ()), "softmax": ((), (), ()), "elu": ((), (), ()),
     }
@@ -176,3 +177,37 @@ def test_one_call_for_every_kind(name):
             ff.attention(name, q, k, v)
     with pytest.raises(ValueError, match="unknown attention kind"):
         ff.attention(name + "_x", q, k, v)
+
+
+@pytest.mark.parametrize("kind", ff.attention_kinds())
+def test_the_one_call_carries_every_option_of_the_named_functions(kind):
+    """ff.attention / attention_backward with the guard count, the key state and the kept
+    projections, for every kind that has them, and a clear refusal where a kind has not."""
+    spec = ff.get_attention(kind)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 2, 10, 4)) for _ in range(3))
+    params = spec.init(2, 4, num_features=6, max_len=10, rng=1)
+    g = rng.standard_normal(v.shape)
+    plain = ff.attention(kind, q, k, v, params)
+    if spec.key_state:
+        out, guard, state = ff.attention(kind, q, k, v, params, return_guard_count=True, return_key_state=True)
+        np.testing.assert_array_equal(out, plain)
+        assert guard.shape == (2, 2) and guard.dtype == np.int64
+        kept = ff.attention_backward(kind, g, q, k, v, params, key_state=state)
+        again = ff.attention_backward(kind, g, q, k, v, params)
+        for a, b in zip(kept[:3], again[:3]):
+            np.testing.assert_array_equal(a, b)
+        assert sorted(kept[3]) == sorted(again[3]) == sorted(spec.learnable)
+    else:
+        with pytest.raises(ValueError, match="key state"):
+            ff.attention(kind, q, k, v, params, return_key_state=True)
+    if spec.projections:
+        out, proj = ff.attention(kind, q, k, v, params, return_projections=True)
+        np.testing.assert_array_equal(out, plain)
+        kept = ff.attention_backward(kind, g, q, k, v, params, projections=proj)
+        again = ff.attention_backward(kind, g, q, k, v, params)
+        for name in spec.learnable:
+            np.testing.assert_array_equal(kept[3][name], again[3][name])
+    else:
+        with pytest.raises(ValueError, match="projections"):
+            ff.attention(kind, q, k, v, params, return_projections=True)
