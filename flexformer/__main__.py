@@ -185,10 +185,12 @@ def compare_command(args) -> int:
         get_attention(k)
     if args.suite is not None:
         out = args.out or os.path.join("runs", f"suite-{args.suite}{'-quick' if args.quick else ''}")
+        columns = None if args.columns is None else [c.strip() for c in args.columns.split(",") if c.strip()]
         return suite.run_suite(args.suite, kinds, args.seeds, out, data_dir=args.data_dir,
-                               fmnist_dir=args.fmnist_dir, quick=args.quick, extra=args.train_args, jobs=args.jobs)
+                               fmnist_dir=args.fmnist_dir, quick=args.quick, extra=args.train_args, jobs=args.jobs,
+                               columns=columns)
     for flag, value in (("--quick", args.quick), ("--out", args.out), ("--fmnist-dir", args.fmnist_dir),
-                        ("--jobs", args.jobs != 1)):
+                        ("--jobs", args.jobs != 1), ("--columns", args.columns)):
         if value:
             raise ValueError(f"{flag} belongs to --suite runs")
     if args.data_dir is not None:
@@ -351,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--suite", default=None, help="a suite of tasks instead of one: lra (the five Long Range "
                    "Arena analogues, one table)")
     c.add_argument("--quick", action="store_true", help="with --suite: minutes-long budgets (for CI, notebooks)")
+    c.add_argument("--columns", default=None, help="with --suite: comma-separated columns to run (e.g. Retrieval; "
+                   "default: all of the suite's)")
     c.add_argument("--out", default=None, help="with --suite: the folder of its runs (default runs/suite-NAME); "
                    "finished runs are kept and not repeated")
     c.add_argument("--data-dir", default=None, help="plain-text folder for the text tasks (passed to train)")

@@ -26,8 +26,8 @@ _QUICK_EVAL = ["--eval-batches", "8"]
 LRA_TASKS: Tuple[Tuple[str, str, List[str], List[str]], ...] = (
     ("ListOps", "listops", ["--seq-len", "128", "--steps", "600"], ["--seq-len", "128", "--steps", "20"] + _QUICK_EVAL),
     ("Text", "text-cls", ["--seq-len", "512", "--steps", "300"], ["--seq-len", "128", "--steps", "20"] + _QUICK_EVAL),
-    ("Retrieval", "retrieval", ["--seq-len", "256", "--steps", "300"], ["--seq-len", "64", "--steps", "20"]
-     + _QUICK_EVAL),
+    ("Retrieval", "retrieval", ["--seq-len", "256", "--steps", "400", "--batch-size", "32"],
+     ["--seq-len", "64", "--steps", "20"] + _QUICK_EVAL),
     ("Image", "fmnist", ["--steps", "100"], ["--steps", "10"] + _QUICK_EVAL),
     ("Pathfinder", "pathfinder", ["--seq-len", "256", "--steps", "600"], ["--seq-len", "256", "--steps", "20"]
      + _QUICK_EVAL),
@@ -83,24 +83,40 @@ def _lock_folder(out: str):
     return fh
 
 
+def select_columns(tasks, columns: Optional[Sequence[str]]):
+    """The suite's tasks whose column (or train task) is named in ``columns`` (all for
+    None), in the suite's order; ValueError naming the choices for an unknown one."""
+    if columns is None:
+        return tasks
+    column_of = {name: t[0] for t in tasks for name in (t[0].lower(), t[1])}
+    unknown = [c for c in columns if c.lower() not in column_of]
+    if unknown or not columns:
+        raise ValueError(f"--columns: unknown column(s) {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(t[0] for t in tasks)}")
+    chosen = {column_of[c.lower()] for c in columns}
+    return tuple(t for t in tasks if t[0] in chosen)
+
+
 def run_suite(name: str, kinds: Sequence[str], seeds: int, out: str, *, data_dir: Optional[str],
               fmnist_dir: Optional[str], quick: bool, extra: Sequence[str] = (), jobs: int = 1,
-              stream=sys.stderr) -> int:
+              columns: Optional[Sequence[str]] = None, stream=sys.stderr) -> int:
     """Run (or resume) the suite; print its table on stdout. Returns 0, 1 when a run failed,
     130 when interrupted (every finished run is kept; the same call resumes the rest).
 
     ``jobs`` runs go at once, each with ``--threads max(1, cpus // jobs)`` unless ``extra``
-    sets ``--threads``."""
-    tasks = check_suite(name)
+    sets ``--threads``; ``columns`` runs only those of the suite's columns (by column or
+    task name, e.g. ``["Retrieval"]``)."""
+    tasks = select_columns(check_suite(name), columns)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs must be a positive int, got {jobs!r}")
-    if data_dir is None or not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"the suite's text and retrieval tasks read plain-text files: pass --data-dir "
-                                f"with .txt files (e.g. ../shared/data/austen); got {data_dir!r}")
     from .data.fmnist import DEFAULT_DIR, HOW_TO_GET
     from .training.loop import TEXT_TASKS
+    names = {t[1] for t in tasks}
+    if names & set(TEXT_TASKS) and (data_dir is None or not os.path.isdir(data_dir)):
+        raise FileNotFoundError(f"the suite's text and retrieval tasks read plain-text files: pass --data-dir "
+                                f"with .txt files (e.g. ../shared/data/austen); got {data_dir!r}")
     fmnist_dir = fmnist_dir or DEFAULT_DIR
-    if not os.path.isdir(fmnist_dir):
+    if "fmnist" in names and not os.path.isdir(fmnist_dir):
         raise FileNotFoundError(f"the suite's image task reads Fashion-MNIST from {fmnist_dir}, which does not "
                                 f"exist: {HOW_TO_GET.replace('--data-dir', '--fmnist-dir')}")
     os.makedirs(out, exist_ok=True)

@@ -49,6 +49,64 @@ def test_two_tower_gradients(kind):
     assert any(name.startswith("mix.") for name in report) and any(name.startswith("head.") for name in report)
 
 
+@pytest.mark.parametrize("kind", ["flex_n", "softmax"])
+def test_cosine_head_gradients_on_designated_and_on_all_pairs(kind):
+    """The cosine head's gradients by finite differences, on the designated pairs
+    (forward) and on every pair of a batch of windows with class-balanced weights (the
+    loop's all-pairs loss), with masks."""
+    from flexformer.nn import cross_entropy
+    from flexformer.testing import check_model_gradients
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(7, size=(2, 2, 9))
+    mask = np.ones((2, 2, 9), bool)
+    mask[1, 0, 6:] = False
+    model = TwoTowerClassifier(7, 2, dim=8, depth=1, heads=2, max_len=9, attention=kind, num_features=4, rng=1,
+                               head="cosine", dtype=np.float64)
+    model.scale.value[...] = [3.0, 0.5]
+    report = check_cross_entropy_gradients(model, (ids, mask), np.array([1, 0]))
+    assert "scale" in report and "head.W" in report and not any(name.startswith("mix.") for name in report)
+
+    windows, wmask = ids.reshape(4, 9), mask.reshape(4, 9)
+    first, second = np.triu_indices(4, 1)
+    labels = np.array([1, 0, 0, 0, 1, 0])
+    weights = np.where(labels == 1, 1 / 2, 1 / 4)
+
+    def loss_and_backward():
+        model.zero_grad()
+        loss, dlogits = cross_entropy(model.forward_pairs(windows, wmask, first, second), labels, weights)
+        model.backward(dlogits)
+        return loss
+
+    check_model_gradients(loss_and_backward, model.named_parameters())
+
+
+def test_cosine_head_scores_a_pair_by_the_cosine_of_its_projections():
+    """Independent twin: the same-logit is a cos(u P, v P) + b with u, v the masked means
+    of the encoder's output, computed here from the backbone alone."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(7, size=(5, 9))
+    mask = rng.random((5, 9)) > 0.3
+    mask[:, 0] = True
+    model = TwoTowerClassifier(7, 2, dim=8, depth=1, heads=2, max_len=9, attention="flex_s", rng=1,
+                               head="cosine", dtype=np.float64)
+    first, second = np.array([0, 4, 2]), np.array([1, 1, 2])
+    logits = model.forward_pairs(ids, mask, first, second)
+    h = model.backbone.forward(ids, mask)
+    pooled = np.array([h[i][mask[i]].mean(0) for i in range(5)])
+    z = pooled @ model.head.W.value
+    cos = [z[i] @ z[j] / np.linalg.norm(z[i]) / np.linalg.norm(z[j]) for i, j in zip(first, second)]
+    np.testing.assert_allclose(logits[:, 0], 0)
+    np.testing.assert_allclose(logits[:, 1], 5 * np.array(cos) - 2, rtol=1e-10)
+    np.testing.assert_allclose(logits[2, 1], 3, rtol=1e-12)  # a window against itself: cos = 1
+    with pytest.raises(ValueError, match="head must be one of concat, cosine"):
+        TwoTowerClassifier(7, 2, dim=8, depth=1, heads=2, max_len=9, head="dot")
+    with pytest.raises(ValueError, match="num_classes must be 2"):
+        TwoTowerClassifier(7, 3, dim=8, depth=1, heads=2, max_len=9, head="cosine")
+    with pytest.raises(ValueError, match="first and second must index the 5 sequences"):
+        model.forward_pairs(ids, mask, np.array([0]), np.array([5]))
+
+
 def test_two_tower_encodes_each_sequence_alone():
     """Swapping the two sequences changes u and v but not the shared encoder: the pair
     features [u, v, u v, u - v] of a swapped pair are the original's with u, v exchanged."""
@@ -192,3 +250,32 @@ def test_suite_bad_input():
     assert main(["compare", "--quick"]) == 2
     assert main(["compare", "--jobs", "2"]) == 2
     assert main(["compare", "--suite", "lra", "--jobs", "0", "--data-dir", AUSTEN]) == 2
+
+
+@needs_austen
+def test_lra_suite_runs_only_the_columns_asked_for(tmp_path):
+    """--columns Retrieval,listops: those two columns (by column or task name), in the suite's
+    order, and no Fashion-MNIST folder needed when the image task is not asked for."""
+    import subprocess
+    import sys
+    out = tmp_path / "suite"
+    cmd = [sys.executable, "-m", "flexformer", "compare", "--suite", "lra", "--quick", "--attentions", "elu",
+           "--seeds", "1", "--data-dir", AUSTEN, "--fmnist-dir", str(tmp_path / "no-fmnist"), "--out", str(out),
+           "--columns", "Retrieval,listops", "--steps", "2", "--eval-batches", "1", "--dim", "16", "--heads", "2",
+           "--depth", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    header = [line for line in done.stdout.splitlines() if line.startswith("| kind |")]
+    assert header and header[0].startswith("| kind | ListOps | Retrieval | average |")
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["listops-elu-seed0", "retrieval-elu-seed0"]
+
+
+def test_suite_tasks_bad_input(capsys):
+    from flexformer.__main__ import main
+    from flexformer.suite import LRA_TASKS, select_columns
+    assert main(["compare", "--suite", "lra", "--columns", "Retrival", "--data-dir", AUSTEN]) == 2
+    assert "--columns: unknown column(s) Retrival; choose from ListOps, Text, Retrieval, Image, Pathfinder" \
+        in capsys.readouterr().err
+    assert main(["compare", "--columns", "Retrieval"]) == 2
+    assert "--columns belongs to --suite runs" in capsys.readouterr().err
+    assert [t[0] for t in select_columns(LRA_TASKS, ["pathfinder", "TEXT", "text-cls"])] == ["Text", "Pathfinder"]

@@ -169,6 +169,12 @@ class TextRetrieval:
         start = rng.integers(len(part) - self.seq_len)
         return part[start: start + self.seq_len]
 
+    def windows(self, rng: np.random.Generator, count: int, split: str = "train"):
+        """(ids (count, N) int64, mask (count, N) all True, books (count,)): windows of
+        uniformly drawn books, each with the index of its book, for training on every
+        pair among them (two windows are related when their books are equal)."""
+        return self._books.batch(rng, count, split)
+
     def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
         """(ids (B, 2, N) int64, mask (B, 2, N) all True, labels (B,)): label 1 when the two
         windows of a pair come from one book."""

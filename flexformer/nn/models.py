@@ -166,14 +166,23 @@ class EncoderClassifier(Module):
 class TwoTowerClassifier(EncoderClassifier):
     """Pairs of token sequences (B, 2, N) -> logits (B, C), as in the Long Range Arena's
     retrieval task: one encoder (shared weights; :class:`EncoderClassifier`'s backbone,
-    mean-pooled over unmasked positions) gives u and v for the two sequences, and
-    [u, v, u * v, u - v] goes through Linear(4 dim, dim), GELU and Linear(dim, C).
+    mean-pooled over unmasked positions) gives u and v for the two sequences, and a head
+    compares them:
+
+    * ``head="concat"`` (the LRA head): [u, v, u * v, u - v] goes through
+      Linear(4 dim, dim), GELU and Linear(dim, C);
+    * ``head="cosine"`` (two classes): with z = u P (P: dim x dim, no bias), the logits are
+      [0, a cos(z_u, z_v) + b] for a learned scale a (from 5) and offset b (from -2), a
+      metric the encoder can be trained on with every pair of a batch
+      (:meth:`forward_pairs`).
+
     The keyword arguments are :class:`EncoderClassifier`'s.
 
     Parameters
     ----------
     vocab, num_classes : int
     dim : int, optional
+    head : {"concat", "cosine"}, optional
     rng : None, int or numpy.random.Generator, optional
     dtype : float32 or float64, optional
     **kwargs
@@ -187,14 +196,29 @@ class TwoTowerClassifier(EncoderClassifier):
     >>> pairs = np.random.default_rng(0).integers(0, 16, (3, 2, 6))
     >>> model.forward(pairs, np.ones((3, 2, 6), bool)).shape
     (3, 2)
+    >>> cosine = TwoTowerClassifier(16, dim=8, depth=1, heads=2, max_len=6, head="cosine", rng=0)
+    >>> first, second = np.triu_indices(4, 1)       # every pair of 4 sequences
+    >>> cosine.forward_pairs(pairs.reshape(6, 6)[:4], None, first, second).shape
+    (6, 2)
     """
 
-    def __init__(self, vocab: int, num_classes: int = 2, *, dim: int = 64, rng: RngLike = 0, dtype=np.float32,
-                 **kwargs):
+    HEADS = ("concat", "cosine")
+
+    def __init__(self, vocab: int, num_classes: int = 2, *, dim: int = 64, head: str = "concat", rng: RngLike = 0,
+                 dtype=np.float32, **kwargs):
+        if head not in self.HEADS:
+            raise ValueError(f"head must be one of {', '.join(self.HEADS)}, got {head!r}")
+        if head == "cosine" and num_classes != 2:
+            raise ValueError(f"head='cosine' scores same/different: num_classes must be 2, got {num_classes}")
         gen = as_generator(rng)
         super().__init__(vocab, num_classes, dim=dim, rng=gen, dtype=dtype, **kwargs)
-        self.mix = self.add_child("mix", Linear(4 * dim, dim, gen, dtype=dtype))
-        self.act = self.add_child("act", GELU())
+        self.head_kind = head
+        if head == "concat":
+            self.mix = self.add_child("mix", Linear(4 * dim, dim, gen, dtype=dtype))
+            self.act = self.add_child("act", GELU())
+        else:
+            self.head = self.add_child("head", Linear(dim, dim, gen, bias=False, dtype=dtype))
+            self.scale = self.add_param("scale", np.array([5.0, -2.0], dtype), kind="bias")
 
     def forward(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Logits (B, num_classes) for ids (B, 2, N); ``mask`` (B, 2, N) marks real tokens."""
@@ -203,20 +227,60 @@ class TwoTowerClassifier(EncoderClassifier):
             raise ValueError(f"ids must have shape (B, 2, N): two sequences per example, got {ids.shape}")
         B, _, N = ids.shape
         flat_mask = None if mask is None else np.asarray(mask).reshape(2 * B, N)
-        h = self.backbone.forward(ids.reshape(2 * B, N), flat_mask)
-        w = np.ones(h.shape[:2], h.dtype) if flat_mask is None else flat_mask.astype(h.dtype)
+        pairs = np.arange(2 * B).reshape(B, 2)
+        return self.forward_pairs(ids.reshape(2 * B, N), flat_mask, pairs[:, 0], pairs[:, 1])
+
+    def forward_pairs(self, ids: np.ndarray, mask: Optional[np.ndarray], first: np.ndarray,
+                      second: np.ndarray) -> np.ndarray:
+        """Logits (P, num_classes) comparing sequence ``first[p]`` with ``second[p]`` of ids
+        (M, N): each sequence is encoded once, however many pairs it is in."""
+        ids = np.asarray(ids)
+        if ids.ndim != 2:
+            raise ValueError(f"ids must have shape (M, N), got {ids.shape}")
+        first, second = np.asarray(first), np.asarray(second)
+        if first.shape != second.shape or first.ndim != 1:
+            raise ValueError(f"first and second must be index vectors of one length, got shapes {first.shape} "
+                             f"and {second.shape}")
+        M = len(ids)
+        if len(first) and (min(first.min(), second.min()) < 0 or max(first.max(), second.max()) >= M):
+            raise ValueError(f"first and second must index the {M} sequences of ids (0 to {M - 1})")
+        h = self.backbone.forward(ids, mask)
+        w = np.ones(h.shape[:2], h.dtype) if mask is None else np.asarray(mask, h.dtype)
         self._w = w / np.maximum(w.sum(1, keepdims=True), 1)
-        pooled = (h * self._w[..., None]).sum(1).reshape(B, 2, -1)
-        self._u, self._v = pooled[:, 0], pooled[:, 1]
-        pair = np.concatenate([self._u, self._v, self._u * self._v, self._u - self._v], axis=-1)
-        return self.head.forward(self.act.forward(self.mix.forward(pair)))
+        pooled = (h * self._w[..., None]).sum(1)
+        self._first, self._second, self._M = first, second, M
+        if self.head_kind == "concat":
+            self._u, self._v = pooled[first], pooled[second]
+            pair = np.concatenate([self._u, self._v, self._u * self._v, self._u - self._v], axis=-1)
+            return self.head.forward(self.act.forward(self.mix.forward(pair)))
+        z = self.head.forward(pooled)
+        norm = np.sqrt((z * z).sum(1, keepdims=True) + np.asarray(1e-12, z.dtype))
+        self._zhat, self._norm = z / norm, norm
+        self._cos = (self._zhat[first] * self._zhat[second]).sum(1)
+        a, b = self.scale.value
+        return np.stack([np.zeros_like(self._cos), a * self._cos + b], axis=1)
+
+    def _to_sequences(self, du: np.ndarray, dv: np.ndarray) -> np.ndarray:
+        """The pairs' gradients (P, D) summed onto the M sequences they were taken from."""
+        dseq = np.zeros((self._M, du.shape[-1]), du.dtype)
+        np.add.at(dseq, self._first, du)
+        np.add.at(dseq, self._second, dv)
+        return dseq
 
     def backward(self, dlogits: np.ndarray) -> None:
-        dpair = self.mix.backward(self.act.backward(self.head.backward(dlogits)))
-        du_, dv_, dprod, ddiff = np.split(dpair, 4, axis=-1)
-        du = du_ + dprod * self._v + ddiff
-        dv = dv_ + dprod * self._u - ddiff
-        dpooled = np.stack([du, dv], axis=1).reshape(-1, du.shape[-1])
+        if self.head_kind == "concat":
+            dpair = self.mix.backward(self.act.backward(self.head.backward(dlogits)))
+            du_, dv_, dprod, ddiff = np.split(dpair, 4, axis=-1)
+            dpooled = self._to_sequences(du_ + dprod * self._v + ddiff, dv_ + dprod * self._u - ddiff)
+        else:
+            g = dlogits[:, 1]  # the logits are [0, a cos + b]: the first is a constant
+            a = self.scale.value[0]
+            self.scale.grad += np.array([(g * self._cos).sum(), g.sum()], self.scale.grad.dtype)
+            dcos, zhat = (g * a)[:, None], self._zhat
+            dzhat = self._to_sequences(dcos * zhat[self._second], dcos * zhat[self._first])
+            # through zhat = z / |z|, then z = pooled P
+            dz = (dzhat - zhat * (dzhat * zhat).sum(1, keepdims=True)) / self._norm
+            dpooled = self.head.backward(dz)
         self.backbone.backward(dpooled[:, None, :] * self._w[..., None])
 
 

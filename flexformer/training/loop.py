@@ -37,13 +37,16 @@ TASK_DEFAULTS = {
     "pathfinder": {"lr": 1e-3, "short_conv": 0},
     "text-lm": {"lr": 3e-3, "short_conv": 4},
     "text-cls": {"lr": 1e-3, "short_conv": 0},
-    "retrieval": {"lr": 1e-3, "short_conv": 0},
+    "retrieval": {"lr": 1e-3, "short_conv": 0, "pair_training": "all"},
 }
 TASKS = tuple(TASK_DEFAULTS)
 #: the peak learning rate per task (from TASK_DEFAULTS)
 TASK_DEFAULT_LR = {task: defaults["lr"] for task, defaults in TASK_DEFAULTS.items()}
 #: the tasks that read plain-text files from --data-dir
 TEXT_TASKS = ("text-lm", "text-cls", "retrieval")
+#: how retrieval trains (TrainConfig.pair_training): every pair of a batch of windows with a
+#: cosine head, or the drawn pairs with the LRA head
+PAIR_TRAINING = ("all", "designated")
 
 
 def _option(default, help: str, **cli):
@@ -123,11 +126,17 @@ class TrainConfig:
     short_conv: Optional[int] = _option(None, "width of a causal depthwise convolution on queries, keys and "
                                         "values after their projections (a local window for the linear "
                                         "kinds); 0 = none", metavar="WIDTH")
+    #: None = the task's default (TASK_DEFAULTS), set on construction; retrieval only
+    pair_training: Optional[str] = _option(None, "retrieval: 'all' trains a cosine head on every pair among "
+                                           "2 x batch-size windows per step (same and different weighted "
+                                           "equally); 'designated' trains the LRA head [u, v, u v, u - v] on "
+                                           "batch-size drawn pairs. Both evaluate on drawn held-out pairs",
+                                           metavar="HOW")
 
     #: what a configuration saved before a field existed meant (checkpoints of earlier
     #: versions load with the initialisation they were trained with)
     LEGACY = {"kernel_init_scale": 1.0, "kernel_init_spread": 0.0, "kernel_init_match_tau": True,
-              "diagnostics_every": 0, "short_conv": 0}
+              "diagnostics_every": 0, "short_conv": 0, "pair_training": "designated"}
 
     def __post_init__(self) -> None:
         # an unknown task is refused by validate()
@@ -205,6 +214,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.task == "pathfinder":
             pathfinder_size(self.seq_len)
+        if self.pair_training not in PAIR_TRAINING + ((None,) if self.task != "retrieval" else ()):
+            raise ValueError(f"pair_training must be one of {', '.join(PAIR_TRAINING)}, got {self.pair_training!r}")
 
 
 def pathfinder_size(seq_len: int) -> int:
@@ -251,7 +262,8 @@ def model_for_config(cfg: TrainConfig, vocab: int, num_classes: Optional[int], m
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     if cfg.task == "retrieval":
-        return TwoTowerClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
+        head = "cosine" if cfg.pair_training == "all" else "concat"
+        return TwoTowerClassifier(vocab, num_classes, head=head, linformer_sharing=cfg.linformer_sharing, **common)
     return EncoderClassifier(vocab, num_classes, linformer_sharing=cfg.linformer_sharing, **common)
 
 
@@ -326,7 +338,9 @@ def load_model(path: str):
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{ckpt} does not hold a flexformer model ({exc.__class__.__name__}: {exc})") from None
     check_saved_sizes(cfg, params, ckpt)
-    vocab, classes = params["backbone.embed.W"].shape[0], params["head.W"].shape[1]
+    vocab = params["backbone.embed.W"].shape[0]
+    # retrieval scores two classes, same or different (its cosine head's W is a projection)
+    classes = 2 if cfg.task == "retrieval" else params["head.W"].shape[1]
     max_len = params["backbone.pos.P"].shape[0] if "backbone.pos.P" in params else (
         784 if cfg.task == "fmnist" else cfg.seq_len)
     model = model_for_config(cfg, vocab, None if cfg.task == "text-lm" else classes, max_len)
@@ -342,6 +356,8 @@ def batch_for(cfg: TrainConfig, data, step: int, split: str = "train"):
     rng = np.random.default_rng([cfg.seed, step, 0 if split == "train" else 1])
     if cfg.task == "listops":
         return data.batch(rng, cfg.batch_size)
+    if cfg.task == "retrieval" and cfg.pair_training == "all" and split == "train":
+        return data.windows(rng, 2 * cfg.batch_size, split)
     return data.batch(rng, cfg.batch_size, split)
 
 
@@ -361,8 +377,17 @@ def loss_and_grad(cfg: TrainConfig, model, batch):
         loss, dlogits = cross_entropy(logits, y)
         return loss, dlogits, None, batch_tokens(cfg, batch)
     ids, mask, labels = batch
-    logits = model.forward(ids, mask)
-    loss, dlogits = cross_entropy(logits, labels)
+    if cfg.task == "retrieval" and np.ndim(ids) == 2:  # windows and their books: every pair
+        first, second = np.triu_indices(len(ids), 1)
+        labels = (labels[first] == labels[second]).astype(np.int64)
+        same = labels.sum()
+        # each class weighs half, whatever its share of the pairs (about 1 in 6 are related)
+        weights = np.where(labels == 1, 1 / max(same, 1), 1 / max(len(labels) - same, 1))
+        logits = model.forward_pairs(ids, mask, first, second)
+        loss, dlogits = cross_entropy(logits, labels, weights)
+    else:
+        logits = model.forward(ids, mask)
+        loss, dlogits = cross_entropy(logits, labels)
     return loss, dlogits, int((logits.argmax(-1) == labels).sum()), batch_tokens(cfg, batch)
 
 
