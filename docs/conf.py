@@ -51,5 +51,19 @@ def _plain_bars(app, what, name, obj, options, lines):
         lines[i] = "".join(p if p.startswith("``") else p.replace("|", r"\|") for p in parts)
 
 
+#: the line of api.md that stands for the named functions, which the registry generates
+NAMED_FUNCTIONS_MARK = ".. the named functions of every linear kind: conf.py lists flexformer.named.__all__ here"
+
+
+def list_named_functions(app, docname, source):
+    """api.md lists ``<kind>_attention`` and its backward for every kind the registry
+    generates them for (flexformer.named), so no list of kinds is kept by hand here."""
+    if docname == "api":
+        from flexformer import named
+        lines = "\n".join(f".. autofunction:: {name}" for name in named.__all__)
+        source[0] = source[0].replace(NAMED_FUNCTIONS_MARK, lines)
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _plain_bars)
+    app.connect("source-read", list_named_functions)

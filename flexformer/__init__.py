@@ -20,19 +20,10 @@ from .runtime import (  # first: loads the C extension
     set_num_threads,
 )
 from . import data, init, nn, recurrent, reference, testing, training
-from .functional import (
-    DEFAULT_EPS,
-    flex_n_attention,
-    flex_n_attention_backward,
-    flex_s_attention,
-    flex_s_attention_backward,
-    hedgehog_attention,
-    hedgehog_attention_backward,
-    linear_attention,
-    linear_attention_backward,
-    performer_attention,
-    performer_attention_backward,
-)
+from .functional import DEFAULT_EPS, linear_attention, linear_attention_backward
+# <kind>_attention and <kind>_attention_backward for every linear kind, generated from the registry
+from .named import *  # noqa: F401,F403
+from .named import __all__ as _named_functions
 from .recurrent import KVCacheState, LinearAttentionState, RecurrentAttention
 from .registry import AttentionKind, attention, attention_backward, attention_kinds, get_attention
 from .softmax import (
@@ -55,20 +46,12 @@ __all__ = [
     "attention_backward",
     "attention_kinds",
     "get_attention",
-    "hedgehog_attention",
-    "hedgehog_attention_backward",
     "linear_attention",
     "linear_attention_backward",
     "linformer_attention",
     "linformer_attention_backward",
-    "performer_attention",
-    "performer_attention_backward",
     "softmax_attention",
     "softmax_attention_backward",
-    "flex_n_attention",
-    "flex_n_attention_backward",
-    "flex_s_attention",
-    "flex_s_attention_backward",
     "get_num_threads",
     "buffer_cache_info",
     "set_buffer_cache",
@@ -85,4 +68,7 @@ __all__ = [
     "set_num_threads",
     "testing",
     "training",
+    *_named_functions,
 ]
+
+del _named_functions

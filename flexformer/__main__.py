@@ -24,7 +24,7 @@ import numpy as np
 
 from . import init, reference
 from ._version import __version__
-from .functional import flex_n_attention, flex_n_attention_backward
+from .named import flex_n_attention, flex_n_attention_backward
 from .runtime import get_num_threads, openmp_enabled, set_num_threads
 from ._timing import median_seconds
 from .distill import DISTILL_KINDS

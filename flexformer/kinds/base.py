@@ -90,6 +90,10 @@ class AttentionKind:
     #: per-head summaries of its parameters (None: nothing to summarise)
     nominal_scale: Optional[Callable] = field(default=None, repr=False)
     parameter_summary: Optional[Callable] = field(default=None, repr=False)
+    #: what its named function's docstring says of it (:mod:`flexformer.named`): the map in
+    #: a paragraph, and what each parameter is (by name; its layout comes from ``layouts``)
+    about: str = field(default="", repr=False)
+    param_docs: Tuple[Tuple[str, str], ...] = field(default=(), repr=False)
 
     def init(self, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
              max_len: Optional[int] = None, rng=None, dtype=np.float64, **options) -> Params:

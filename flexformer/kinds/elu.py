@@ -53,4 +53,6 @@ def backward(dout, q, k, v, p, causal, mask, **kw):
 ELU = register(
     "elu", "linear attention with elu(x) + 1 features (the generic core)", table="linear", complexity="O(N d e)",
     _init=lambda H, d, m, L, rng, dt: {}, _forward=forward, _backward=backward, feature_map=features,
-    feature_size=feature_size, torch_feature_map=features_torch, **LINEAR_KIND)
+    feature_size=feature_size, torch_feature_map=features_torch,
+    about="phi(x) = elu(x) + 1 (Katharopoulos et al., 2020) on the generic core "
+          "(:func:`flexformer.linear_attention`); F = d. No parameters.", **LINEAR_KIND)

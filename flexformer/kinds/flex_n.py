@@ -70,4 +70,10 @@ FLEX_N = register(
     init_options=("scale", "spread", "match_tau", "symmetric"),
     feature_map=features, feature_grad=features_grad, feature_size=feature_size, torch_feature_map=features_torch,
     distill=True, signed_features=True, nominal_scale=nominal_scale, parameter_summary=parameter_summary,
+    about="phi(x) = exp(|x|^2 / exp(tau)) (4m)^(-1/2) [cos(A x) + cos(B x), sin(A x) + sin(B x)] with "
+          "learnable frequency pairs A = ``omega1[h]``, B = ``omega2[h]`` (m, d) and scale ``tau[h]`` per head. "
+          "With A = B and tau = log(2 sqrt d) it equals Flexformer_s (:func:`flexformer.flex_s_attention`).",
+    param_docs=(("omega1", "the first frequencies of each pair, finite (:func:`flexformer.init.flex_n_params`)"),
+                ("omega2", "the second frequencies of each pair, finite"),
+                ("tau", "finite: the log of the norm factor's scale")),
     **LINEAR_KIND)

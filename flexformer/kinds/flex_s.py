@@ -59,7 +59,14 @@ _MAP = dict(feature_map=features, feature_size=feature_size, torch_feature_map=f
             nominal_scale=nominal_scale, parameter_summary=frequency_rows, complexity="O(N m (d + e))", _init=init,
             kernel="flex_s", init_options=("scale",), distill=True, **LINEAR_KIND)
 
+_ABOUT = ("phi(x) = exp(|x|^2 / (2 sqrt d)) m^(-1/2) [cos(W x), sin(W x)] with frequencies W = ``omega[h]`` "
+          "(m, d) per head; with rows drawn from N(0, I / sqrt d) (:func:`flexformer.init.flex_s_omega` at "
+          "``scale=1``), phi(q).phi(k) estimates exp(q.k / sqrt d).")
 FLEX_S = register("flex_s", "Flexformer_s: stationary learnable random Fourier features", table="flex_s",
-                  feature_grad=features_grad, **_MAP)
+                  feature_grad=features_grad, about=_ABOUT + " The frequencies are learned.",
+                  param_docs=(("omega", "spectral frequencies, finite (:func:`flexformer.init.flex_s_omega`)"),),
+                  **_MAP)
 RFA = register("rfa", "RFA: Flexformer_s with frozen random frequencies (no gradient for omega)", table="flex_s",
-               learnable=(), **_MAP)
+               learnable=(), about=_ABOUT + " The frequencies stay at their random draw: the backward returns "
+               "no gradient for them.", param_docs=(("omega", "fixed random frequencies, finite "
+                                                    "(:func:`flexformer.init.flex_s_omega`)"),), **_MAP)

@@ -42,4 +42,7 @@ def init(H, d, m, L, rng, dtype):
 HEDGEHOG = register(
     "hedgehog", "Hedgehog: learnable softmax feature map", table="hedgehog", complexity="O(N m (d + e))", _init=init,
     kernel="hedgehog", feature_map=features, feature_grad=features_grad, feature_size=feature_size,
-    torch_feature_map=features_torch, distill=True, **LINEAR_KIND)
+    torch_feature_map=features_torch, distill=True,
+    about="phi(x) = softmax([x W, -x W]) over its 2m entries, with W = ``W[h]`` of shape (d, m) per head: a "
+          "learnable positive feature map.",
+    param_docs=(("W", "the feature map's weights (:func:`flexformer.init.hedgehog_weights`)"),), **LINEAR_KIND)

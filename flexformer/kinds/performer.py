@@ -43,4 +43,8 @@ def init(H, d, m, L, rng, dtype):
 PERFORMER = register(
     "performer", "Performer FAVOR+: fixed positive random features", table="performer", complexity="O(N m (d + e))",
     _init=init, kernel="performer", feature_map=features, feature_size=feature_size, torch_feature_map=features_torch,
-    distill=True, parameter_summary=frequency_rows, **LINEAR_KIND)
+    distill=True, parameter_summary=frequency_rows,
+    about="phi(x) = exp(w_i.x' - |x'|^2 / 2) / sqrt(m), x' = x / d^(1/4), with fixed frequencies w_i, the rows "
+          "of ``omega[h]``, drawn from N(0, I); phi(q).phi(k) estimates exp(q.k / sqrt d) with positive "
+          "features. The frequencies are not learned: the backward returns no gradient for them.",
+    param_docs=(("omega", "fixed random frequencies (:func:`flexformer.init.performer_omega`)"),), **LINEAR_KIND)

@@ -77,4 +77,8 @@ REBASED = register(
     "rebased", "ReBased: (y_q . y_k)^2 with y = gamma LN(x) + beta learnable per head (F = d^2)",
     table="rebased", complexity="O(N d^2 e)", _init=init, kernel="rebased", feature_map=features,
     feature_grad=features_grad, feature_size=feature_size, torch_feature_map=features_torch,
-    parameter_summary=parameter_summary, distill=True, **LINEAR_KIND)
+    parameter_summary=parameter_summary, distill=True,
+    about="phi(q).phi(k) = (y_q . y_k)^2 with y = gamma * LN(x) + beta, LN the per-row normalisation over "
+          "the head size (variance + 1e-5) and gamma, beta learnable per head; F = d^2.",
+    param_docs=(("gamma", "the scale after the normalisation (1 at initialisation)"),
+                ("beta", "the shift after the normalisation (0 at initialisation)")), **LINEAR_KIND)

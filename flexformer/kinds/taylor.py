@@ -39,4 +39,7 @@ def feature_size(p, d):
 TAYLOR = register(
     "taylor", "Based: second-order Taylor features of exp(q.k / sqrt d), 1 + t + t^2/2 (F = 1 + d + d^2)",
     table="taylor", complexity="O(N d^2 e)", _init=lambda H, d, m, L, rng, dt: {}, kernel="taylor",
-    feature_map=features, feature_size=feature_size, torch_feature_map=features_torch, distill=True, **LINEAR_KIND)
+    feature_map=features, feature_size=feature_size, torch_feature_map=features_torch, distill=True,
+    about="phi(x) = [1, x', vec(x' x'^T) / sqrt 2], x' = x d^(-1/4), so phi(q).phi(k) = 1 + t + t^2 / 2 with "
+          "t = q.k / sqrt d, the second-order Taylor expansion of exp(t) (positive for every t); F = 1 + d + d^2. "
+          "No parameters.", **LINEAR_KIND)
