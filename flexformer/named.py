@@ -11,9 +11,8 @@ methods) so that it has a real signature: a missing or misspelt argument is Pyth
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
-
 import textwrap
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
