@@ -11,6 +11,7 @@ methods) so that it has a real signature: a missing or misspelt argument is Pyth
 """
 from __future__ import annotations
 
+import functools
 import textwrap
 from typing import Callable, Dict, Optional, Tuple
 
@@ -128,47 +129,46 @@ def _backward_doc(spec: AttentionKind) -> str:
     return "\n".join(line for line in doc if line is not None)
 
 
-def _call(spec: AttentionKind, backward: bool) -> Tuple[str, Callable]:
-    """The body's call and the object it calls: the kind's C kernel through
-    :mod:`flexformer.functional` (as the registry does; no layer between), or, for a kind
-    with its own functions (elu), its record's forward or backward."""
-    arrays = "dout, q, k, v, " if backward else "q, k, v, "
-    params = "".join(f"{n}, " for n in spec.params)
+def _target(spec: AttentionKind, backward: bool) -> Callable:
+    """What a generated function calls, with its arrays and parameters by position: the
+    kind's C kernel through :mod:`flexformer.functional` (as the registry does, with no
+    Python layer between), or, for a kind with its own functions (elu), its record's
+    forward or backward."""
     if spec._forward is None:
         kernel = getattr(_C, f"{spec.kernel}_{'backward' if backward else 'forward'}")
-        call = f"{'_backward' if backward else '_forward'}(_target, {arrays}{params}"
-        if backward and len(spec.learnable) < _C.kinds[spec.kernel]["gradients"]:  # rfa: omega frozen
-            return call + "@OPTIONS@)[:" + str(3 + len(spec.learnable)) + "]", kernel
-        return call + "@OPTIONS@)", kernel
-    if not backward:
-        return f"_target(q, k, v, {{{', '.join(f'{n!r}: {n}' for n in spec.params)}}}, @OPTIONS@)", spec.forward
+        return functools.partial(_backward if backward else _forward, kernel)
 
-    def run_backward(dout, q, k, v, params, **options):
-        dq, dk, dv, grads = spec.backward(dout, q, k, v, params, **options)
-        return (dq, dk, dv) + tuple(grads[n] for n in spec.learnable)
-    return f"_target(dout, q, k, v, {{{', '.join(f'{n!r}: {n}' for n in spec.params)}}}, @OPTIONS@)", run_backward
+    def run(*arrays, **options):
+        split = len(arrays) - len(spec.params)
+        tensors, params = arrays[:split], dict(zip(spec.params, arrays[split:]))
+        if not backward:
+            return spec.forward(*tensors, params, **options)
+        dq, dk, dv, grads = spec.backward(*tensors, params, **options)
+        return (dq, dk, dv) + tuple(grads[name] for name in spec.learnable)
+    return run
 
 
 _SOURCE = '''\
 def _factory(_target):
     def {name}({arrays}*, causal: bool = False, key_mask: Optional[np.ndarray] = None,
             eps: float = DEFAULT_EPS, {options}) -> {returns}:
-        return {body}
+        return _target({passed}){kept}
     return {name}
 '''
 
 
 def _compile(spec: AttentionKind, backward: bool, options: Dict[str, Tuple[str, str]], returns: str) -> Callable:
     name = f"{spec.name}_attention" + ("_backward" if backward else "")
-    arrays = ("dout", "q", "k", "v") * backward or ("q", "k", "v")
-    body, target = _call(spec, backward)
+    arrays = (("dout", "q", "k", "v") if backward else ("q", "k", "v")) + spec.params
     source = _SOURCE.format(
-        name=name, arrays="".join(f"{a}: np.ndarray, " for a in arrays + spec.params),
+        name=name, arrays="".join(f"{a}: np.ndarray, " for a in arrays),
         options=", ".join(f"{o}: {t} = {d}" for o, (t, d) in options.items()), returns=returns,
-        body=body.replace("@OPTIONS@", ", ".join(f"{o}={o}" for o in ("causal", "key_mask", "eps", *options))))
+        passed=", ".join([*arrays, *(f"{o}={o}" for o in ("causal", "key_mask", "eps", *options))]),
+        # the backward returns the gradients of the learnable parameters only (rfa: none of omega)
+        kept=f"[:{3 + len(spec.learnable)}]" if backward else "")
     namespace: dict = {}
     exec(compile(source, f"<flexformer.named: {name}>", "exec"), globals(), namespace)
-    fn = namespace["_factory"](target)
+    fn = namespace["_factory"](_target(spec, backward))
     fn.__module__, fn.__qualname__ = __name__, name
     if hasattr(fn.__code__, "co_qualname"):  # Python 3.11+: the name its TypeErrors give
         fn.__code__ = fn.__code__.replace(co_qualname=name)
