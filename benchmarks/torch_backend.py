@@ -10,7 +10,7 @@ configuration in a fresh process with --threads threads, --rounds rounds interle
 
 * ``c``: the C kernels (CPU float32 only);
 * ``torch``: the PyTorch backend in float32: chunks processed together (a prefix over the
-  chunks' own sums carries the state; ``_causal_chunked``), differentiated by autograd;
+  chunks' own sums carries the state; ``_causal_chunked``), its backward written out;
 * ``torch_loop``: the plain reference form, one chunk after another in a Python loop
   (``_causal_loop``), differentiated by autograd;
 * ``torch_bf16``: the PyTorch backend on bfloat16 inputs (features, sums and state in float32);

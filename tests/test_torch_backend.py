@@ -13,7 +13,7 @@ import flexformer as ff  # noqa: E402
 from flexformer.torch import attention  # noqa: E402
 from flexformer.torch import functional  # noqa: E402
 from flexformer.features import fourier_features_torch  # noqa: E402
-from flexformer.torch.functional import _causal_chunked, _causal_loop  # noqa: E402
+from flexformer.torch.functional import _causal_chunked, _causal_loop, _causal_parts  # noqa: E402
 
 
 def _split_features(B, H, N, F, e, seed, jump=0.0):
@@ -109,6 +109,35 @@ def test_gradients_equal_chunks_in_turn(monkeypatch, N, group, jump):
         assert torch.isfinite(a).all(), name
         # the scale: sk's gradient is 0 up to rounding where a row sees a single key
         assert torch.allclose(a, b, rtol=1e-9, atol=1e-9 * max(1.0, b.abs().max().item())), name
+
+
+@pytest.mark.parametrize("N, group", [(64, 64), (200, 64), (64 * 9, 2)])
+def test_written_out_backward_equals_autograd_of_the_same_forward(monkeypatch, N, group):
+    """The hand-written backward against autograd through the very same forward operations
+    (``_causal_parts``): equal to rounding; the saved tensors stay intact, so a second
+    backward of a retained graph gives the same gradients; inputs without ``requires_grad``
+    get none."""
+    monkeypatch.setattr(functional, "PREFIX_GROUP", group)
+    fq, fk, sk, v = _split_features(2, 3, N, 6, 4, seed=N, jump=300.0)
+    sk[1, :, :5] = -math.inf
+    sk[0, 2, :70] = -math.inf
+    pad = -N % 64
+    dout = torch.randn(2, 3, N, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (fq, fk, sk, v)]
+    padded = [torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (leaves[0], leaves[1], leaves[3])]
+    composed = _causal_parts(padded[0], padded[1], torch.nn.functional.pad(leaves[2], (0, pad), value=-math.inf),
+                             padded[2], 1e-4, 64)[0][:, :, :N]
+    want = torch.autograd.grad(composed, leaves, dout)
+    out = _causal_chunked(*leaves, 1e-4, 64)
+    first = torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    second = torch.autograd.grad(out, leaves, dout)
+    assert torch.equal(out, composed.detach())
+    for name, a, b, c in zip(("fq", "fk", "sk", "v"), first, second, want):
+        assert torch.equal(a, b), name
+        assert torch.allclose(a, c, rtol=1e-12, atol=1e-12 * max(1.0, c.abs().max().item())), name
+    frozen = [leaves[0], fk, sk, leaves[3]]
+    got = torch.autograd.grad(_causal_chunked(*frozen, 1e-4, 64), [leaves[0], leaves[3]], dout)
+    assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[3])
 
 
 def test_autograd_form_has_finite_key_gradients_where_rows_precede_every_key():

@@ -9,7 +9,8 @@
   gradients flow to q, k, v and the learnable kernel parameters.
 * ``"torch"``: the identical math in PyTorch operations (the same phi = exp(s) f split,
   stabilisation by the running maximum, denominator guard and chunked causal form as
-  ``csrc/linattn_core.inc``), on any device and dtype, differentiated by autograd.
+  ``csrc/linattn_core.inc``), on any device and dtype; the causal form's backward is written
+  out (:func:`_causal_backward`), everything else is differentiated by autograd.
 * ``"auto"`` (default): ``"c"`` when every tensor is on the CPU in float32 or float64,
   else ``"torch"``.
 """
@@ -42,11 +43,16 @@ def _finite_or_zero(m: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
 
 
-def _normalise(num: Tensor, den: Tensor, R: Tensor, eps: float) -> Tensor:
+def _row_factor(den: Tensor, R: Tensor, eps: float) -> Tensor:
+    """1 / max(den, eps R) per row, 0 for rows without keys (R = 0)."""
     seen = R > 0
     g = torch.where(seen, torch.maximum(den, eps * R), 1.0)   # 1 for rows without keys: no NaN gradient
+    return torch.where(seen, 1.0 / g, 0.0)
+
+
+def _normalise(num: Tensor, den: Tensor, R: Tensor, eps: float) -> Tensor:
     # the row factors (N values) first, then one pass over num; rows without keys get 0
-    return num * torch.where(seen, 1.0 / g, 0.0).unsqueeze(-1)
+    return num * _row_factor(den, R, eps).unsqueeze(-1)
 
 
 def linear_core(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, *, causal: bool, eps: float = EPS,
@@ -151,17 +157,24 @@ def _prefix_plan(m: Tensor, low: float, group: Optional[int] = None):
         return P.reshape(B, H, G * group)[:, :, :C], ("grouped", C, inner, w, outer, a)
 
 
-def _prefix_apply(plan, X: Tensor) -> Tensor:
-    """The weighted sums of the earlier chunks' X (B, H, C, D) under ``plan``."""
+def _prefix_apply(plan, X: Tensor, transpose: bool = False) -> Tensor:
+    """The weighted sums of the earlier chunks' X (B, H, C, D) under ``plan``; with
+    ``transpose`` the transposed map (the backward of the sums: each chunk's share of the
+    later chunks' gradients)."""
     if plan[0] == "dense":
-        return plan[1] @ X
+        return (plan[1].transpose(-1, -2) if transpose else plan[1]) @ X
     _, C, inner, w, outer, a = plan
     B, H, _, D = X.shape
     G, group = w.shape[1] // H, w.shape[-1]
     Xg = _groups(X, G * group - C).view(B, H * G, group, D)
-    totals = w.unsqueeze(-2) @ Xg                                     # (B, H*G, 1, D)
-    before = _prefix_apply(outer, totals.view(B, H, G, D)).reshape(B, H * G, 1, D)
-    out = _prefix_apply(inner, Xg).addcmul_(a.unsqueeze(-1), before)   # this group's, then earlier groups'
+    if not transpose:
+        totals = w.unsqueeze(-2) @ Xg                                 # (B, H*G, 1, D)
+        before = _prefix_apply(outer, totals.view(B, H, G, D)).reshape(B, H * G, 1, D)
+        out = _prefix_apply(inner, Xg).addcmul_(a.unsqueeze(-1), before)   # this group's, then earlier groups'
+    else:
+        before = a.unsqueeze(-2) @ Xg                                 # what reached the earlier groups' totals
+        totals = _prefix_apply(outer, before.view(B, H, G, D), True).reshape(B, H * G, 1, D)
+        out = _prefix_apply(inner, Xg, True).addcmul_(w.unsqueeze(-1), totals)
     return _ungroup(out.view(B, H, G * group, D), C)
 
 
@@ -179,42 +192,132 @@ def _causal_chunked(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, c
     and the state the earlier chunks carry as weighted sums of the chunks' own sums (each
     kept at its own maximum and rescaled as the C core rescales its state;
     :func:`_prefix_plan`), so there is no loop over chunks in Python. Same values as
-    :func:`_causal_loop` to rounding."""
-    B, H, N, F = fq.shape
-    e = v.shape[-1]
-    C = -(-N // chunk)
-    pad = C * chunk - N
+    :func:`_causal_loop` to rounding; the backward is written out (:func:`_causal_backward`)."""
+    N = fq.shape[2]
+    pad = -N % chunk
     if pad:  # padded keys weigh exp(-inf) = 0; padded query rows are dropped at the end
         fq, fk, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (fq, fk, v))
         sk = torch.nn.functional.pad(sk, (0, pad), value=-math.inf)
-    fq, fk, v = fq.reshape(B, H, C, chunk, F), fk.reshape(B, H, C, chunk, F), v.reshape(B, H, C, chunk, e)
-    sk = sk.reshape(B, H, C, chunk)
+    out = _CausalChunks.apply(fq, fk, sk, v, eps, chunk)
+    return out[:, :, :N] if pad else out
+
+
+def _causal_parts(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chunk: int):
+    """The forward of :func:`_causal_chunked` for N a multiple of ``chunk``: the output and
+    what its backward reuses. Differentiable operations only, so under autograd it is also
+    the composed form that second derivatives go through."""
+    B, H, N, F = fq.shape
+    e = v.shape[-1]
+    C = N // chunk
+    BHC = B * H * C
+    fq3, fk3 = fq.reshape(BHC, chunk, F), fk.reshape(BHC, chunk, F)
+    sk4 = sk.reshape(B, H, C, chunk)
     # an empty prefix has scale "minus infinity"; a finite stand-in keeps exp() free of inf - inf
     low = torch.finfo(sk.dtype).min / 4
     with torch.no_grad():
-        m = sk.amax(-1).clamp(min=low)                              # each chunk's own maximum
-    w = torch.exp(sk - m.unsqueeze(-1))
+        m = sk4.amax(-1).clamp(min=low)                             # each chunk's own maximum
+    w = torch.exp(sk4 - m.unsqueeze(-1))
     # a column of ones beside the values: one product gives a numerator and its denominator
-    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1)
+    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], -1).view(BHC, chunk, e + 1)
+    wv1 = w.view(BHC, chunk, 1) * v1
     # each chunk's sums S (F x e) and z (F) side by side, and R, at its scale m; then the
-    # earlier chunks' at each chunk's scale P (the large and the small apart: no copies)
-    Sz = fk.transpose(-1, -2) @ (w.unsqueeze(-1) * v1)
+    # earlier chunks' at each chunk's scale P
     P, plan = _prefix_plan(m, low)
-    Sz = _prefix_apply(plan, Sz.view(B, H, C, F * (e + 1))).reshape(B, H, C, F, e + 1)
-    R = _prefix_apply(plan, w.sum(-1, keepdim=True)).squeeze(-1)
+    Szp = _prefix_apply(plan, (fk3.transpose(1, 2) @ wv1).view(B, H, C, F * (e + 1))).reshape(BHC, F, e + 1)
+    R = _prefix_apply(plan, w.sum(-1, keepdim=True)).reshape(BHC, 1)
     with torch.no_grad():                                           # each row's visible maximum
-        Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk, -1).values)
-    alpha = torch.exp(P.unsqueeze(-1) - Mi)
-    tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
+        Mi = torch.maximum(P.unsqueeze(-1), torch.cummax(sk4, -1).values)
+        alpha = torch.exp(P.unsqueeze(-1) - Mi).view(BHC, chunk, 1)   # the carried sums' weight per row
+        tril = torch.ones(chunk, chunk, dtype=torch.bool, device=fq.device).tril()
     # masked before exp: above the diagonal exp could overflow (and give 0 * inf in the backward)
-    E = torch.exp((sk.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill(~tril, -math.inf))
-    A = (fq @ fk.transpose(-1, -2)) * E
-    nd = (A @ v1).addcmul_(alpha.unsqueeze(-1), fq @ Sz)
+    E = torch.exp((sk4.unsqueeze(-2) - Mi.unsqueeze(-1)).masked_fill(~tril, -math.inf)).view(BHC, chunk, chunk)
+    QK = fq3 @ fk3.transpose(1, 2)
+    nd = (QK * E @ v1).addcmul_(alpha, fq3 @ Szp)
     # split, not sliced: the backward joins the two gradients instead of zero-filling twice
     num, den = nd.split([e, 1], -1)
-    out = _normalise(num, den.squeeze(-1), E.sum(-1) + alpha * R.unsqueeze(-1), eps)
-    out = out.reshape(B, H, C * chunk, e)
-    return out[:, :, :N] if pad else out
+    Rrow = E.sum(-1) + alpha.squeeze(-1) * R
+    ginv = _row_factor(den.squeeze(-1), Rrow, eps)
+    out = num * ginv.unsqueeze(-1)
+    saved = (fq3, fk3, v1, wv1, w.view(BHC, chunk), E, QK, Szp, alpha, ginv, den.squeeze(-1).clone(), Rrow, out)
+    return out.view(B, H, N, e), saved, plan
+
+
+def _causal_backward(saved, plan, dout: Tensor, eps: float):
+    """The gradients (dfq, dfk, dsk, dv) of :func:`_causal_parts` by hand: the terms autograd
+    would form, with the sums accumulated in place and only A = QK E formed again."""
+    fq3, fk3, v1, wv1, w, E, QK, Szp, alpha, ginv, den, Rrow, out = saved
+    BHC, chunk, F = fq3.shape
+    e = v1.shape[-1] - 1
+    B, H, C = _plan_shape(plan)
+    dout = dout.reshape(BHC, chunk, e)
+    # out = num / g with g = max(den, eps R): dout reaches num as dout / g and g as -out . dout / g
+    dg = (dout * out).sum(-1).mul_(ginv).neg_()                    # 0 on rows without keys (ginv = 0)
+    to_den = (den > eps * Rrow).to(dg.dtype).add_((den == eps * Rrow).to(dg.dtype), alpha=0.5)  # torch.maximum's split
+    dnd = torch.cat([dout * ginv.unsqueeze(-1), (dg * to_den).unsqueeze(-1)], -1)
+    dRrow = dg.mul_(1.0 - to_den).mul_(eps)
+    # nd = (QK * E) v1 + alpha (fq Szp); each product's operands let go once used (the
+    # peak of live memory sets how much fresh, page-faulting memory the next call touches)
+    A = QK * E
+    dA = dnd @ v1.transpose(1, 2)
+    dv1 = A.transpose(1, 2) @ dnd
+    dQK = dA * E
+    # E = exp(sk_j - M_i) on and below the diagonal, and R sums E's rows
+    dsk = dA.mul_(A).sum(-2).add_((dRrow.unsqueeze(1) @ E).squeeze(1))
+    del A, dA
+    dnd.mul_(alpha)
+    dSzp = fq3.transpose(1, 2) @ dnd
+    dfq = dnd @ Szp.transpose(1, 2)
+    del dnd
+    dfq.baddbmm_(dQK, fk3)
+    dfk = dQK.transpose(1, 2) @ fq3
+    del dQK
+    dR = (alpha.squeeze(-1) * dRrow).sum(-1)
+    dSz = _prefix_apply(plan, dSzp.view(B, H, C, F * (e + 1)), True).reshape(BHC, F, e + 1)
+    del dSzp
+    dwsum = _prefix_apply(plan, dR.view(B, H, C, 1), True).reshape(BHC, 1)
+    # Sz = fk^T (w v1)
+    dfk.baddbmm_(wv1, dSz.transpose(1, 2))
+    dwv1 = fk3 @ dSz
+    del dSz
+    dv = torch.addcmul(dv1[..., :e], w.unsqueeze(-1), dwv1[..., :e])
+    del dv1
+    dsk.addcmul_(dwv1.mul_(v1).sum(-1).add_(dwsum), w)
+    shape = (B, H, C * chunk)
+    return dfq.view(*shape, F), dfk.view(*shape, F), dsk.view(shape), dv.reshape(*shape, e)
+
+
+def _plan_shape(plan):
+    """(B, H, C) of the chunks a plan from :func:`_prefix_plan` covers."""
+    if plan[0] == "dense":
+        return plan[1].shape[:3]
+    _, C, inner, w, outer, a = plan
+    B, H = _plan_shape(outer)[:2]
+    return B, H, C
+
+
+class _CausalChunks(torch.autograd.Function):
+    """:func:`_causal_parts` with :func:`_causal_backward`; a gradient of the gradient
+    (``create_graph``) differentiates the composed form instead."""
+
+    @staticmethod
+    def forward(ctx, fq, fk, sk, v, eps, chunk):
+        out, saved, plan = _causal_parts(fq, fk, sk, v, eps, chunk)
+        ctx.save_for_backward(fq, fk, sk, v, *saved)
+        ctx.plan, ctx.eps, ctx.chunk = plan, eps, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        fq, fk, sk, v, *saved = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[:4]
+        if torch.is_grad_enabled():
+            inputs = [x for x, want in zip((fq, fk, sk, v), wanted) if want]
+            with torch.enable_grad():
+                out = _causal_parts(fq, fk, sk, v, ctx.eps, ctx.chunk)[0]
+            grads = iter(torch.autograd.grad(out, inputs, dout, create_graph=True, allow_unused=True))
+            return tuple(next(grads) if want else None for want in wanted) + (None, None)
+        grads = _causal_backward(saved, ctx.plan, dout, ctx.eps)
+        return tuple(g if want else None for g, want in zip(grads, wanted)) + (None, None)
 
 
 def _softmax(q, k, v, causal, key_mask, scale=None):
