@@ -155,6 +155,10 @@ def test_chunked_form_gradcheck_and_second_derivatives():
     leaves = [x.clone().requires_grad_() for x in (fq, fk, sk, v)]
     assert torch.autograd.gradcheck(lambda *a: _causal_chunked(*a, 1e-4, 64), leaves)
     small = [x[:, :1, :70].detach().clone().requires_grad_() for x in (fq, fk, sk, v)]
+    # gradgradcheck draws its output gradients from torch's generator: seeded, so the check is
+    # the same on every run (unseeded, seed 5 of 0-14 fails the tolerance, for the
+    # autograd-differentiated form of 71f2e60 as for this one)
+    torch.manual_seed(0)
     assert torch.autograd.gradgradcheck(lambda *a: _causal_chunked(*a, 1e-4, 64), small)
 
 
