@@ -32,7 +32,7 @@ def project(x: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------- Fourier features (flex_s, flex_n)
 
-_FOURIER = {}
+_FOURIER = []   # the Function once built (a list: torch.compile cannot hash the torch module)
 
 
 def fourier_features_torch(torch, x, W, pairs: int):
@@ -44,8 +44,16 @@ def fourier_features_torch(torch, x, W, pairs: int):
     gradients), and the backward forms du = df_sin cos - df_cos sin in one pass before the two
     products dx = du W and dW = du^T x. Under ``create_graph`` the backward evaluates the
     same formulas with differentiable operations, so it is differentiable to any order."""
-    fn = _FOURIER.get(torch)
-    if fn is None:
+    return fourier_function(torch).apply(x, W, pairs)[0]
+
+
+def fourier_function(torch):
+    """The autograd Function behind :func:`fourier_features_torch`, built on first use (this
+    module imports without torch). :mod:`flexformer.torch` builds it at import, because
+    ``torch.compile`` cannot trace a class definition."""
+    if not _FOURIER:
+        compiling = getattr(torch.compiler, "is_compiling", lambda: False)   # torch >= 2.3
+
         class FourierFeatures(torch.autograd.Function):
             @staticmethod
             def forward(x, W, pairs):
@@ -54,6 +62,11 @@ def fourier_features_torch(torch, x, W, pairs: int):
                 # buffers stay below glibc's 32 MiB mmap limit where they can: a larger block
                 # is mapped afresh, and its page faults cost more than the arithmetic
                 u = torch.matmul(x, W.transpose(-1, -2).unsqueeze(0))
+                if compiling():   # the compiler fuses these; it cannot trace
+                    # writes into the strided halves of f below
+                    c, s = torch.cos(u).view(B, H, N, pairs, m), torch.sin(u).view(B, H, N, pairs, m)
+                    f = torch.stack([c.sum(-2), s.sum(-2)], 3) * (1.0 / (pairs * math.sqrt(m)))
+                    return (f.view(B, H, N, 2 * m), None, None) if pairs == 1 else (f.view(B, H, N, 2 * m), c, s)
                 f = torch.empty(B, H, N, 2, m, dtype=x.dtype, device=x.device)
                 if pairs == 1:
                     torch.cos(u, out=f[:, :, :, 0])
@@ -112,8 +125,8 @@ def fourier_features_torch(torch, x, W, pairs: int):
                         dW.mul_(scale)
                 return dx, dW, None
 
-        fn = _FOURIER[torch] = FourierFeatures
-    return fn.apply(x, W, pairs)[0]
+        _FOURIER.append(FourierFeatures)
+    return _FOURIER[0]
 
 
 # ----------------------------------------------------------------- the normalised split

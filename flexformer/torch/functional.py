@@ -11,6 +11,7 @@
   stabilisation by the running maximum, denominator guard and chunked causal form as
   ``csrc/linattn_core.inc``), on any device and dtype; the causal form's backward is written
   out (:func:`_causal_backward`), everything else is differentiated by autograd.
+  ``torch.compile(fullgraph=True)`` traces it too.
 * ``"auto"`` (default): ``"c"`` when every tensor is on the CPU in float32 or float64,
   else ``"torch"``.
 """
@@ -23,9 +24,11 @@ import numpy as np
 import torch
 
 from .. import functional as _lin
+from ..features import fourier_function
 from ..registry import get_attention, require_params
 from .ops import kernel_attention
 
+fourier_function(torch)   # built now: torch.compile cannot trace the class definition
 EPS = _lin.DEFAULT_EPS
 CHUNK = 64
 Tensor = torch.Tensor
