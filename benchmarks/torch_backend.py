@@ -11,6 +11,8 @@ configuration in a fresh process with --threads threads, --rounds rounds interle
 * ``c``: the C kernels (CPU float32 only);
 * ``torch``: the PyTorch backend in float32: chunks processed together (a prefix over the
   chunks' own sums carries the state; ``_causal_chunked``), its backward written out;
+* ``torch_compile``: the same PyTorch backend under ``torch.compile(fullgraph=True)``
+  (compiled during the warm-up calls);
 * ``torch_loop``: the plain reference form, one chunk after another in a Python loop
   (``_causal_loop``), differentiated by autograd;
 * ``torch_bf16``: the PyTorch backend on bfloat16 inputs (features, sums and state in float32);
@@ -31,7 +33,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-IMPLS = ("c", "torch", "torch_loop", "torch_bf16", "sdpa")
+IMPLS = ("c", "torch", "torch_compile", "torch_loop", "torch_bf16", "sdpa")
 
 WORKER = r"""
 import json, sys
@@ -56,11 +58,15 @@ tq, tk, tv = leaf(q), leaf(k), leaf(v)
 params = {n: leaf(p) for n, p in init.items()}
 dout = torch.ones(1, H, N, d, dtype=dtype, device=device)
 backend = "c" if impl == "c" else "torch"  # baseline: the torch backend of the other version
+def attend(q, k, v, params):
+    return attention("flex_n", q, k, v, params, causal=True, backend=backend)
+if impl == "torch_compile":
+    attend = torch.compile(attend, fullgraph=True)
 def run():
     if impl == "sdpa":
         out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
     else:
-        out = attention("flex_n", tq, tk, tv, params, causal=True, backend=backend)
+        out = attend(tq, tk, tv, params)
     out.backward(dout)
     if device == "cuda":
         torch.cuda.synchronize()
