@@ -241,17 +241,17 @@ def _causal_parts(fq: Tensor, fk: Tensor, sk: Tensor, v: Tensor, eps: float, chu
     Rrow = E.sum(-1) + alpha.squeeze(-1) * R
     ginv = _row_factor(den.squeeze(-1), Rrow, eps)
     out = num * ginv.unsqueeze(-1)
-    saved = (fq3, fk3, v1, wv1, w.view(BHC, chunk), E, QK, Szp, alpha, ginv, den.squeeze(-1).clone(), Rrow, out)
+    saved = (v1, wv1, w, E, QK, Szp, alpha, ginv, den.squeeze(-1).clone(), Rrow, out)
     return out.view(B, H, N, e), saved, plan
 
 
-def _causal_backward(saved, plan, dout: Tensor, eps: float):
+def _causal_backward(fq: Tensor, fk: Tensor, saved, plan, dout: Tensor, eps: float):
     """The gradients (dfq, dfk, dsk, dv) of :func:`_causal_parts` by hand: the terms autograd
     would form, with the sums accumulated in place and only A = QK E formed again."""
-    fq3, fk3, v1, wv1, w, E, QK, Szp, alpha, ginv, den, Rrow, out = saved
-    BHC, chunk, F = fq3.shape
-    e = v1.shape[-1] - 1
-    B, H, C = _plan_shape(plan)
+    v1, wv1, w, E, QK, Szp, alpha, ginv, den, Rrow, out = saved
+    B, H, C, chunk = w.shape
+    BHC, F, e = B * H * C, fq.shape[-1], v1.shape[-1] - 1
+    fq3, fk3, w = fq.reshape(BHC, chunk, F), fk.reshape(BHC, chunk, F), w.view(BHC, chunk)
     dout = dout.reshape(BHC, chunk, e)
     # out = num / g with g = max(den, eps R): dout reaches num as dout / g and g as -out . dout / g
     dg = (dout * out).sum(-1).mul_(ginv).neg_()                    # 0 on rows without keys (ginv = 0)
@@ -289,15 +289,6 @@ def _causal_backward(saved, plan, dout: Tensor, eps: float):
     return dfq.view(*shape, F), dfk.view(*shape, F), dsk.view(shape), dv.reshape(*shape, e)
 
 
-def _plan_shape(plan):
-    """(B, H, C) of the chunks a plan from :func:`_prefix_plan` covers."""
-    if plan[0] == "dense":
-        return plan[1].shape[:3]
-    _, C, inner, w, outer, a = plan
-    B, H = _plan_shape(outer)[:2]
-    return B, H, C
-
-
 class _CausalChunks(torch.autograd.Function):
     """:func:`_causal_parts` with :func:`_causal_backward`; a gradient of the gradient
     (``create_graph``) differentiates the composed form instead."""
@@ -319,7 +310,7 @@ class _CausalChunks(torch.autograd.Function):
                 out = _causal_parts(fq, fk, sk, v, ctx.eps, ctx.chunk)[0]
             grads = iter(torch.autograd.grad(out, inputs, dout, create_graph=True, allow_unused=True))
             return tuple(next(grads) if want else None for want in wanted) + (None, None)
-        grads = _causal_backward(saved, ctx.plan, dout, ctx.eps)
+        grads = _causal_backward(fq, fk, saved, ctx.plan, dout, ctx.eps)
         return tuple(g if want else None for g, want in zip(grads, wanted)) + (None, None)
 
 
