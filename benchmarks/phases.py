@@ -14,7 +14,12 @@ samples in this package's C library, in the C library's memset/memcpy, libm and 
 page clearing are grouped into phases by function name (PHASES below) and shown as shares
 of those samples: setup (random inputs, imports) is left out. FLEXFORMER_CPU_LEVEL picks the
 path (3: AVX2 + FMA, 4: AVX-512 for sin/cos and the exponential, and the AVX-512 or AVX2
-copy of the dense products, whichever the one-time timing chose). Writes JSON to --out.
+copy of the dense products, whichever the one-time timing chose). Each line gives the
+median time of one call in that process (under the profiler) and each phase's share of it;
+for the bidirectional passes of flex_n and flex_s also the rate of the dense products where
+they run (their multiply-adds over their share of the time), to set beside
+``benchmarks/tile_rate.py``'s rate of the same tile alone: the gap between the two is what
+the products lose to memory and to the work around them. Writes JSON to --out.
 """
 from __future__ import annotations
 
@@ -55,12 +60,28 @@ spec = ff.get_attention(kind)
 # bidirectional: the forward keeps what a training step's forward keeps (nn.MultiHeadAttention)
 keep = {} if causal else {"return_key_state": True, "return_projections": spec.projections}
 kept = {} if causal else dict(zip(("key_state", "projections"), spec.forward(q, k, v, params, **keep)[1:]))
+import json, time
+times = []
 for _ in range(repeats):
+    t0 = time.perf_counter()
     if pas == "fwd":
         spec.forward(q, k, v, params, causal=causal, **keep)
     else:
         spec.backward(dout, q, k, v, params, causal=causal, **kept)
+    times.append(time.perf_counter() - t0)
+print(json.dumps({"ms": 1e3 * float(np.median(times))}))
 """
+
+
+def product_flops(kind: str, pas: str, N: int, H: int, d: int) -> float:
+    """Multiply-adds x 2 of the dense products of a bidirectional pass at d = e = m,
+    F = 2m features: the projections of q and k onto r angles (r = 2m for flex_n's pairs,
+    m for flex_s), the key sum and the read-out; the backward (given the forward's
+    projections and key state) has two gradient products of each one's size."""
+    m = e = d
+    r = 2 * m if kind == "flex_n" else m
+    forward = H * (2 * N * r * d * 2 + 2 * N * 2 * m * e * 2)
+    return forward if pas == "fwd" else 2 * forward
 
 
 def phase_of(symbol: str) -> str:
@@ -82,6 +103,7 @@ def profile_one(kind: str, causal: bool, pas: str, level: int, args) -> dict:
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if run.returncode != 0:
             return {"error": (run.stderr.strip().splitlines() or ["perf failed"])[-1]}
+        ms = json.loads(run.stdout.strip().splitlines()[-1])["ms"]
         rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--sort", "dso,sym", "--percent-limit", "0"],
                              capture_output=True, text=True)
     finally:
@@ -96,7 +118,7 @@ def profile_one(kind: str, causal: bool, pas: str, level: int, args) -> dict:
         if ours:
             shares[phase_of(sym)] = shares.get(phase_of(sym), 0.0) + pct
     total = sum(shares.values()) or 1.0
-    return {name: 100.0 * v / total for name, v in shares.items()}
+    return {"ms": ms, "shares": {name: 100.0 * v / total for name, v in shares.items()}}
 
 
 def main(argv=None) -> int:
@@ -126,10 +148,23 @@ def main(argv=None) -> int:
             for pas in ("fwd", "bwd"):
                 for level in args.levels:
                     res = profile_one(kind, mode == "causal", pas, level, args)
-                    rows.append({"kind": kind, "mode": mode, "pass": pas, "level": level, "shares": res})
-                    print(f"{kind} {mode} {pas} level {level}: " + (res["error"] if "error" in res else ", ".join(
-                        f"{name.split(' (')[0]} {v:.0f}%" for name, v in sorted(res.items(), key=lambda x: -x[1])
-                        if v >= 1)), flush=True)
+                    row = {"kind": kind, "mode": mode, "pass": pas, "level": level, **res}
+                    if "error" in res:
+                        print(f"{kind} {mode} {pas} level {level}: {res['error']}", flush=True)
+                        rows.append(row)
+                        continue
+                    ms, shares = res["ms"], res["shares"]
+                    rate = ""
+                    products = shares.get(PHASES[0][0], 0.0)
+                    if mode == "bidir" and kind in ("flex_n", "flex_s") and products > 0:
+                        # the products' own rate where they run, to set beside tile_rate.py's
+                        flops = product_flops(kind, pas, args.seq_len, args.heads, args.head_dim)
+                        row["products_gflops"] = flops / (ms * 1e-3 * products / 100) * 1e-9
+                        rate = f" (products at {row['products_gflops']:.0f} GFLOP/s on {args.threads} threads)"
+                    rows.append(row)
+                    print(f"{kind} {mode} {pas} level {level}: {ms:.1f} ms{rate}; " + ", ".join(
+                        f"{name.split(' (')[0]} {v:.0f}% ({v * ms / 100:.1f} ms)"
+                        for name, v in sorted(shares.items(), key=lambda x: -x[1]) if v >= 1), flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "phases.json")
     with open(path, "w") as fh:
