@@ -48,7 +48,7 @@ PHASES = [
 ]
 
 WORKER = r"""
-import sys
+import json, sys, time
 import numpy as np
 import flexformer as ff
 kind, causal, pas, N, H, d, repeats, threads = sys.argv[1], sys.argv[2] == "1", sys.argv[3], *map(int, sys.argv[4:9])
@@ -60,7 +60,6 @@ spec = ff.get_attention(kind)
 # bidirectional: the forward keeps what a training step's forward keeps (nn.MultiHeadAttention)
 keep = {} if causal else {"return_key_state": True, "return_projections": spec.projections}
 kept = {} if causal else dict(zip(("key_state", "projections"), spec.forward(q, k, v, params, **keep)[1:]))
-import json, time
 times = []
 for _ in range(repeats):
     t0 = time.perf_counter()

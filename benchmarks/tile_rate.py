@@ -27,6 +27,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from attention import _cpu_name as cpu_model  # noqa: E402  (the sweep's machine line)
 
 #: (name, M, N, K, a_rs, a_cs, b_rs, accumulate): the products of a bidirectional
 #: Flexformer forward + backward at d = e = m = 64 (F = 2m = 128 features), per 64-row block
@@ -165,8 +167,7 @@ def main(argv=None) -> int:
             print(run.stderr, file=sys.stderr)
             return 2
     res = json.loads(run.stdout)
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                  if line.startswith("model name")), platform.processor()) if os.path.exists("/proc/cpuinfo") else ""
+    model = cpu_model()
     peak = res["peak"]
     print(f"{model}, kernel ISA level {res['level']}, one thread; float32 FMA peak in registers: "
           f"AVX2 {peak['avx2']:.1f}, AVX-512 {peak['avx512']:.1f} GFLOP/s")

@@ -57,10 +57,6 @@ static inline size_t ff_add(size_t a, size_t b, int *ok)
     return a + b;
 }
 
-/* Copy `bytes` to dst with stores that bypass the caches (SSE2's streaming stores, the
- * x86-64 baseline; memcpy elsewhere), for large outputs that are read again only after
- * much other work: a plain store first reads each line it writes into the cache (twice
- * the memory traffic) and evicts data the caller is still using. */
 /* Hints that `bytes` from p will be read soon (into the caches short of L1); a prefetch
  * never faults, so p may point past an array. */
 static inline void ff_prefetch(const void *p, size_t bytes)
@@ -70,6 +66,10 @@ static inline void ff_prefetch(const void *p, size_t bytes)
         __builtin_prefetch(c + i, 0, 2);
 }
 
+/* Copy `bytes` to dst with stores that bypass the caches (SSE2's streaming stores, the
+ * x86-64 baseline; memcpy elsewhere), for large outputs that are read again only after
+ * much other work: a plain store first reads each line it writes into the cache (twice
+ * the memory traffic) and evicts data the caller is still using. */
 static inline void ff_stream_copy(void *dst, const void *src, size_t bytes)
 {
 #if defined(__SSE2__)
