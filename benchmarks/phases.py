@@ -42,7 +42,8 @@ PHASES = [
     ("key side (state sums, dk, dv)", r"key_state|keys_backward|state_update|segment_key|reverse_sweep"),
     ("query side (outputs, dq, guard)", r"queries|chunk|forward_range|forward_sweep|guarded"),
     ("exp", r"exp"),
-    ("memory (memset / memcpy / fresh pages)", r"memset|memcpy|memmove|clear_page|page_fault|do_anonymous"),
+    ("memory (memset / memcpy / fresh pages / requests for the next block's rows)",
+     r"memset|memcpy|memmove|clear_page|page_fault|do_anonymous|projection_spread"),
     ("glue (argument checks, conversion; finiteness of inputs and results)",
      r"attn_|check_|all_finite|^finite_|to_array|prepare"),
 ]
