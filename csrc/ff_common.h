@@ -57,26 +57,27 @@ static inline size_t ff_add(size_t a, size_t b, int *ok)
     return a + b;
 }
 
-/* The rows a loop over 64-row blocks will read next, asked for a little at a time while
- * the current block is worked on. A block's first touch of the caller's arrays (and of the
- * projections the forward kept, which the backward reads from memory) otherwise waits on
- * memory; asking for all of the next block's lines at once (about a thousand) gained
- * little on a Zen 4: the requests queue behind each other and are dropped or stall.
- * Spread through the block, the bidirectional backward took 6% less time (docs/performance.md).
- * A prefetch never faults, so a range may end past an array. */
+/* The rows a loop over 64-row blocks will read next, asked for a few cache lines at a time
+ * while the current block is worked on. A block's first touch of the caller's arrays (and
+ * of the projections the forward kept, which the backward reads from memory) otherwise
+ * waits on memory; asking for all of the next block's lines at once (about a thousand)
+ * gained at most 2% on a Zen 4, spread through the block the bidirectional backward took
+ * 6% less time (docs/performance.md). Addresses are kept as integers, aligned down to a
+ * line: a prefetch never faults, so a range may begin before or end past an array. */
 #define FF_PREFETCH_RANGES 4
 typedef struct {
-    const char *next[FF_PREFETCH_RANGES]; /* the next line to ask for, per range */
-    size_t left[FF_PREFETCH_RANGES];      /* bytes not yet asked for, per range */
-    int n, cur;                           /* ranges held; the first with bytes left */
+    uintptr_t next[FF_PREFETCH_RANGES]; /* the next line to ask for, per range */
+    size_t left[FF_PREFETCH_RANGES];    /* bytes from it not yet asked for, per range */
+    int n, cur;                         /* ranges held; the first with bytes left */
 } ff_prefetch_plan;
 
 /* Add `bytes` from p to the plan (p NULL or no room: ignored). */
 static inline void ff_plan_add(ff_prefetch_plan *plan, const void *p, size_t bytes)
 {
     if (p && bytes && plan->n < FF_PREFETCH_RANGES) {
-        plan->next[plan->n] = (const char *)p;
-        plan->left[plan->n++] = bytes;
+        const uintptr_t offset = (uintptr_t)p % 64;
+        plan->next[plan->n] = (uintptr_t)p - offset;
+        plan->left[plan->n++] = bytes + offset;
     }
 }
 
@@ -94,15 +95,14 @@ static inline size_t ff_plan_lines(const ff_prefetch_plan *plan)
 static inline void ff_plan_issue(ff_prefetch_plan *plan, size_t lines)
 {
     while (lines && plan->cur < plan->n) {
-        const char *c = plan->next[plan->cur];
+        uintptr_t line = plan->next[plan->cur];
         size_t left = plan->left[plan->cur];
         for (; lines && left; --lines) {
-            __builtin_prefetch(c, 0, 2);
-            const size_t step = left < 64 ? left : 64;
-            c += step;
-            left -= step;
+            __builtin_prefetch((const void *)line, 0, 2);
+            line += 64;
+            left = left > 64 ? left - 64 : 0;
         }
-        plan->next[plan->cur] = c;
+        plan->next[plan->cur] = line;
         plan->left[plan->cur] = left;
         if (!left)
             plan->cur++;
