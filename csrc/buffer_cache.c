@@ -2,6 +2,9 @@
  * (a loop asks for the same sizes again), oldest evicted first. A spin lock guards the
  * table because kernels allocate with the GIL released while other Python threads may be
  * creating or freeing arrays; compilers without GCC's atomic builtins get no cache. */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c99 */
+#endif
 #include "buffer_cache.h"
 
 #include <stdlib.h>
@@ -67,24 +70,36 @@ static void *take(size_t size)
     return p;
 }
 
+/* A fresh block starting on a cache line: a vector load or store at the start of a row
+ * then never straddles two lines (an array from plain malloc starts 16 bytes into one).
+ * Windows has no posix_memalign, and its aligned blocks need their own free. */
+static void *fresh_block(size_t size)
+{
+#if defined(_WIN32)
+    return malloc(size ? size : 1);
+#else
+    void *p = NULL;
+    return posix_memalign(&p, FF_BUFFER_ALIGN, size ? size : 1) == 0 ? p : NULL;
+#endif
+}
+
 void *ff_buffer_malloc(size_t size)
 {
     void *p = take(size);
-    return p ? p : malloc(size ? size : 1);
+    return p ? p : fresh_block(size);
 }
 
 void *ff_buffer_calloc(size_t n, size_t size)
 {
     if (size && n > (size_t)-1 / size)
         return NULL;
-    void *p = take(n * size);
-    if (p) {
+    void *p = ff_buffer_malloc(n * size);
+    if (p)
         memset(p, 0, n * size);
-        return p;
-    }
-    return calloc(n ? n : 1, size ? size : 1);
+    return p;
 }
 
+/* (the block keeps its alignment only if realloc keeps it in place) */
 void *ff_buffer_realloc(void *ptr, size_t size)
 {
     return realloc(ptr, size ? size : 1);

@@ -13,6 +13,9 @@
 /* Default bound on the bytes held in the cache. */
 #define FF_BUFFER_CACHE_DEFAULT_BYTES ((size_t)256 << 20)
 
+/* Fresh blocks start on a multiple of this many bytes (except on Windows). */
+#define FF_BUFFER_ALIGN 64
+
 /* malloc / calloc with the same contract (NULL on failure), taking a cached block of
  * exactly `size` bytes when there is one (zeroed by ff_buffer_calloc). */
 void *ff_buffer_malloc(size_t size);

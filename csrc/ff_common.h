@@ -57,6 +57,16 @@ static inline size_t ff_add(size_t a, size_t b, int *ok)
     return a + b;
 }
 
+/* n elements of `size` bytes rounded up to whole cache lines (FF_BUFFER_ALIGN bytes), so
+ * that a buffer carved after them from an aligned block starts on a line too (n itself
+ * with *ok cleared on overflow) */
+static inline size_t ff_round_to_line(size_t n, size_t size, int *ok)
+{
+    const size_t per = FF_BUFFER_ALIGN / size;
+    const size_t up = ff_add(n, per - 1, ok);
+    return *ok ? up / per * per : n;
+}
+
 /* The rows a loop over 64-row blocks will read next, asked for a few cache lines at a time
  * while the current block is worked on. A block's first touch of the caller's arrays (and
  * of the projections the forward kept, which the backward reads from memory) otherwise

@@ -55,6 +55,23 @@ def test_live_results_never_share_memory():
         np.testing.assert_array_equal(g, h)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="posix_memalign: fresh blocks are aligned on POSIX only")
+@pytest.mark.parametrize("cache_mib", [0, 256])
+def test_results_start_on_a_cache_line(cache_mib):
+    """Output arrays (fresh blocks, and with the cache on, reused ones) start on a 64-byte
+    line, so a row's vector accesses never straddle two lines."""
+    ff.set_buffer_cache(cache_mib)
+    q, k, v, p = _inputs()
+    for _ in range(2):  # the second round takes the blocks the first gave back
+        out, state, kept = ff.flex_n_attention(q, k, v, *p, return_key_state=True,
+                                               return_projections=True)
+        grads = ff.flex_n_attention_backward(np.ones_like(v), q, k, v, *p, key_state=state,
+                                             projections=kept)
+        for a in (out, state, kept, *grads):
+            assert a.ctypes.data % 64 == 0, (a.shape, a.ctypes.data % 64)
+        del out, state, kept, grads
+
+
 def test_bound_holds_and_zero_empties():
     q, k, v, p = _inputs()
     ff.set_buffer_cache(1.5)  # room for one 1 MiB block
