@@ -79,7 +79,7 @@ static void *fresh_block(size_t size)
     return malloc(size ? size : 1);
 #else
     void *p = NULL;
-    return posix_memalign(&p, FF_BUFFER_ALIGN, size ? size : 1) == 0 ? p : NULL;
+    return posix_memalign(&p, FF_CACHE_LINE, size ? size : 1) == 0 ? p : NULL;
 #endif
 }
 

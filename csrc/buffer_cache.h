@@ -13,8 +13,9 @@
 /* Default bound on the bytes held in the cache. */
 #define FF_BUFFER_CACHE_DEFAULT_BYTES ((size_t)256 << 20)
 
-/* Fresh blocks start on a multiple of this many bytes (except on Windows). */
-#define FF_BUFFER_ALIGN 64
+/* Bytes in a cache line (x86-64, and most ARM cores): fresh blocks start on one (except
+ * on Windows), and the kernels' prefetch plans ask for memory a line at a time. */
+#define FF_CACHE_LINE 64
 
 /* malloc / calloc with the same contract (NULL on failure), taking a cached block of
  * exactly `size` bytes when there is one (zeroed by ff_buffer_calloc). */

@@ -57,12 +57,12 @@ static inline size_t ff_add(size_t a, size_t b, int *ok)
     return a + b;
 }
 
-/* n elements of `size` bytes rounded up to whole cache lines (FF_BUFFER_ALIGN bytes), so
+/* n elements of `size` bytes rounded up to whole cache lines (FF_CACHE_LINE bytes), so
  * that a buffer carved after them from an aligned block starts on a line too (n itself
  * with *ok cleared on overflow) */
 static inline size_t ff_round_to_line(size_t n, size_t size, int *ok)
 {
-    const size_t per = FF_BUFFER_ALIGN / size;
+    const size_t per = FF_CACHE_LINE / size;
     const size_t up = ff_add(n, per - 1, ok);
     return *ok ? up / per * per : n;
 }
@@ -85,7 +85,7 @@ typedef struct {
 static inline void ff_plan_add(ff_prefetch_plan *plan, const void *p, size_t bytes)
 {
     if (p && bytes && plan->n < FF_PREFETCH_RANGES) {
-        const uintptr_t offset = (uintptr_t)p % 64;
+        const uintptr_t offset = (uintptr_t)p % FF_CACHE_LINE;
         plan->next[plan->n] = (uintptr_t)p - offset;
         plan->left[plan->n++] = bytes + offset;
     }
@@ -96,7 +96,7 @@ static inline size_t ff_plan_lines(const ff_prefetch_plan *plan)
 {
     size_t lines = 0;
     for (int i = plan->cur; i < plan->n; ++i)
-        lines += (plan->left[i] + 63) / 64;
+        lines += (plan->left[i] + FF_CACHE_LINE - 1) / FF_CACHE_LINE;
     return lines;
 }
 
@@ -109,8 +109,8 @@ static inline void ff_plan_issue(ff_prefetch_plan *plan, size_t lines)
         size_t left = plan->left[plan->cur];
         for (; lines && left; --lines) {
             __builtin_prefetch((const void *)line, 0, 2);
-            line += 64;
-            left = left > 64 ? left - 64 : 0;
+            line += FF_CACHE_LINE;
+            left = left > FF_CACHE_LINE ? left - FF_CACHE_LINE : 0;
         }
         plan->next[plan->cur] = line;
         plan->left[plan->cur] = left;
