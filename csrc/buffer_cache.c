@@ -99,10 +99,24 @@ void *ff_buffer_calloc(size_t n, size_t size)
     return p;
 }
 
-/* (the block keeps its alignment only if realloc keeps it in place) */
+/* realloc keeps no alignment beyond malloc's: a block it moved off a cache line is moved
+ * once more, to a fresh block (the size's bytes copied: past the old size they are as
+ * undefined as realloc leaves them). Failing that, the unaligned block is still correct. */
 void *ff_buffer_realloc(void *ptr, size_t size)
 {
-    return realloc(ptr, size ? size : 1);
+    void *p = realloc(ptr, size ? size : 1);
+#if defined(_WIN32)
+    return p; /* fresh blocks there are malloc's too */
+#else
+    if (!p || (uintptr_t)p % FF_CACHE_LINE == 0)
+        return p;
+    void *aligned = fresh_block(size);
+    if (!aligned)
+        return p;
+    memcpy(aligned, p, size);
+    free(p);
+    return aligned;
+#endif
 }
 
 void ff_buffer_free(void *ptr, size_t size)

@@ -21,7 +21,8 @@
  * exactly `size` bytes when there is one (zeroed by ff_buffer_calloc). */
 void *ff_buffer_malloc(size_t size);
 void *ff_buffer_calloc(size_t count, size_t size);
-/* realloc of a block from the functions above (never cached while in use). */
+/* realloc of a block from the functions above (never cached while in use), kept on a
+ * cache line where fresh blocks are. */
 void *ff_buffer_realloc(void *ptr, size_t size);
 /* Give back a block allocated above with `size` bytes: cached when large and within the
  * bound (evicting the oldest blocks), freed otherwise. */
