@@ -78,14 +78,15 @@ def test_resized_results_stay_on_a_cache_line(N):
     """ndarray.resize reallocates through the same handler: a block that realloc moves off
     a line is moved to an aligned one, its contents kept (shrinking and growing)."""
     q, k, v, p = _inputs(N)
-    for size in (N, 3 * N, 7 * N, 50 * N, N // 2):
+    for rows in (N, 3 * N, 7 * N, 50 * N, N // 2):
         out = ff.flex_n_attention(q, k, v, *p)
         before = out.ravel().copy()
-        out.resize((size * 4 * 32,), refcheck=False)
-        assert out.ctypes.data % 64 == 0, (size, out.ctypes.data % 64)
-        kept = min(size * 4 * 32, before.size)
+        n = rows * before.size // N  # the elements of `rows` rows of every head
+        out.resize((n,), refcheck=False)
+        assert out.ctypes.data % 64 == 0, (rows, out.ctypes.data % 64)
+        kept = min(n, before.size)
         np.testing.assert_array_equal(out[:kept], before[:kept])
-        if size * 4 * 32 > before.size:
+        if n > before.size:
             assert np.all(out[before.size:] == 0)  # resize fills what it adds with zeros
 
 
