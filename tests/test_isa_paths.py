@@ -1,5 +1,5 @@
-"""Every compiled instruction-set path of the dense products (and the GELU and the short
-convolution) gives the same results.
+"""Every compiled instruction-set path of the dense products (and the GELU, the short
+convolution and the bidirectional core's row passes) gives the same results.
 
 The products include the few-row projection and a recurrent step's one-column and rank-1 paths.
 
@@ -54,6 +54,13 @@ for dtype, tol in ((np.float64, 1e-10), (np.float32, 1e-4)):
 x = [a.astype(np.float64) for a in (q[:1, :1, :70, :3], k[:1, :1, :70, :3], v[:1, :1, :70, :3])]
 W = ff.init.hedgehog_weights(1, 3, 5, rng=2)
 gradcheck(ff.hedgehog_attention, ff.hedgehog_attention_backward, (*x, W), kwargs={"causal": True})
+# the bidirectional backward's row passes (rowpass_tile.inc) and the flex feature-map
+# gradients, with a key mask: 70 rows, a whole block and a partial one
+keep = np.arange(70) % 5 != 3
+gradcheck(ff.flex_n_attention, ff.flex_n_attention_backward,
+          (*x, *ff.init.flex_n_params(1, 4, 3, rng=3)), kwargs={"key_mask": keep[None]})
+gradcheck(ff.flex_s_attention, ff.flex_s_attention_backward,
+          (*x, ff.init.flex_s_omega(1, 4, 3, rng=4)), kwargs={"key_mask": keep[None]})
 # the GELU's vectorised tanh, odd length (a partial vector at the end)
 from flexformer.nn.core import GELU, gelu_reference
 x = (rng.standard_normal(10_007) * 4).astype(np.float32)
