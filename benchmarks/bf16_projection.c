@@ -1,12 +1,18 @@
-/* The projection u = x W^T of the Fourier kinds (x: N x d rows, W: m x d frequencies) two
- * ways, for benchmarks/bf16_projection.py to time against each other: float32 FMAs, and
+/* The projection u = x W^T of the Fourier kinds (x: N x d rows, W: m x d frequencies)
+ * three ways, for benchmarks/bf16_projection.py to time against each other: float32 FMAs,
  * bfloat16 inputs with float32 accumulation (AVX512_BF16's VDPBF16PS: two bf16 products
- * per float32 lane and instruction). Both use the same register tile (8 rows x 32
- * columns of u in 16 zmm accumulators) so that the instruction is the difference. Not part
- * of the package: compiled by the benchmark where the CPU has avx512_bf16. */
+ * per float32 lane and instruction), and the same bf16 products on AMX tiles (TDPBF16PS:
+ * a 16 x 16 float32 block += 16 x 32 bf16 times 32 x 16 bf16 per instruction). The first
+ * two use the same register tile (8 rows x 32 columns of u in 16 zmm accumulators) so that
+ * the instruction is the difference; the AMX one a 32 x 32 block of u in four tiles. Not
+ * part of the package: compiled by the benchmark where the CPU has avx512_bf16 (AMX only
+ * where it also has amx_bf16 and the kernel grants the tile state). */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define TARGET __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
 
@@ -98,3 +104,78 @@ TARGET void frequencies_to_bf16_pairs(uint32_t *wt2, const float *w, size_t m, s
             wt2[p * m + j] = word;
         }
 }
+
+/* AMX needs GCC >= 11 or clang >= 12 to compile; elsewhere amx_request says no. */
+#if defined(__clang__) ? __clang_major__ >= 12 : defined(__GNUC__) && __GNUC__ >= 11
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+
+/* AMX: the tile data state is off for a process until it asks the kernel (Linux >= 5.16)
+ * for it; 0 when granted. */
+enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+
+int amx_request(void)
+{
+    return HAVE_AMX ? (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) : -1;
+}
+
+#if HAVE_AMX
+
+/* ldtilecfg's 64-byte layout, palette 1 */
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* x2: (N, d) bf16, the layout fp32_to_bf16_rows writes; wt2: (d/2, m) bf16 pairs, the
+ * layout frequencies_to_bf16_pairs writes (which is AMX's pair-interleaved B operand);
+ * u: (N, m). N, m and d multiples of 32. Tiles 0-3 accumulate u's 32 x 32 block, 4-5 hold
+ * two 16-row strips of x (32 bf16 of d each), 6-7 two 16-column strips of wt2 (16 pairs). */
+__attribute__((target("amx-tile,amx-bf16"))) int amx_projection(float *u, const uint16_t *x2, const uint32_t *wt2,
+                                                                 size_t N, size_t d, size_t m)
+{
+    if (N % 32 || m % 32 || d % 32)
+        return 1;
+    struct tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    const long x_stride = (long)(d * sizeof *x2), w_stride = (long)(m * sizeof *wt2), u_stride = (long)(m * sizeof *u);
+    for (size_t i = 0; i < N; i += 32)
+        for (size_t j = 0; j < m; j += 32) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (size_t t = 0; t < d; t += 32) {
+                _tile_loadd(4, x2 + i * d + t, x_stride);
+                _tile_loadd(5, x2 + (i + 16) * d + t, x_stride);
+                _tile_loadd(6, wt2 + (t / 2) * m + j, w_stride);
+                _tile_loadd(7, wt2 + (t / 2) * m + j + 16, w_stride);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, u + i * m + j, u_stride);
+            _tile_stored(1, u + i * m + j + 16, u_stride);
+            _tile_stored(2, u + (i + 16) * m + j, u_stride);
+            _tile_stored(3, u + (i + 16) * m + j + 16, u_stride);
+        }
+    _tile_release();
+    return 0;
+}
+#else
+int amx_projection(float *u, const uint16_t *x2, const uint32_t *wt2, size_t N, size_t d, size_t m)
+{
+    (void)u, (void)x2, (void)wt2, (void)N, (void)d, (void)m;
+    return 2;
+}
+#endif

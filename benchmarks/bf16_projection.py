@@ -5,9 +5,11 @@ package uses bf16)
 Speed: u = x W^T (x: N x d queries or keys of one head, W: m x d frequencies) with one
 register tile, 8 rows x 32 columns in 16 zmm accumulators, written twice in
 benchmarks/bf16_projection.c: float32 FMAs, and AVX512_BF16's VDPBF16PS on bf16 inputs
-(two products per lane and instruction); the bf16 time includes converting x (every call)
-and W. NumPy's float32 matmul (its BLAS, one thread) is the peer. Medians over
-interleaved rounds, one thread.
+(two products per lane and instruction); where the CPU has amx_bf16 (and Linux grants the
+tile state), also AMX's TDPBF16PS on the same bf16 inputs, a 32 x 32 block of u in four
+tiles. The bf16 times "with conversions" include converting x (every call) and W. NumPy's
+float32 matmul (its BLAS, one thread) is the peer. Medians over interleaved rounds, one
+thread.
 
 Error, in float64 against the exact projection and attention:
 * the projection: |u_bf16 - u| / sum_t |x_t w_t|, whose bound for round-to-nearest-even
@@ -75,8 +77,15 @@ def build(folder: str) -> ctypes.CDLL:
     dll.bf16_projection.argtypes = [ptr, ptr, ptr, size, size, size]
     dll.fp32_to_bf16_rows.argtypes = [ptr, ptr, size]
     dll.frequencies_to_bf16_pairs.argtypes = [ptr, ptr, size, size]
-    dll.fp32_projection.restype = dll.bf16_projection.restype = ctypes.c_int
+    dll.amx_projection.argtypes = [ptr, ptr, ptr, size, size, size]
+    dll.fp32_projection.restype = dll.bf16_projection.restype = dll.amx_projection.restype = ctypes.c_int
+    dll.amx_request.restype = ctypes.c_int
     return dll
+
+
+def amx_available(dll) -> bool:
+    """amx_bf16 in /proc/cpuinfo and the kernel grants this process the tile state."""
+    return "amx_bf16" in cpu_flags() and dll.amx_request() == 0
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
@@ -95,11 +104,11 @@ def median_ms(fn, rounds: int) -> float:
     return 1e3 * float(np.median(times))
 
 
-def speed(dll, N: int, d: int, m: int, rounds: int, rng) -> dict:
+def speed(dll, N: int, d: int, m: int, rounds: int, rng, amx: bool) -> dict:
     x = (0.5 * rng.standard_normal((N, d))).astype(np.float32)
     w = (rng.standard_normal((m, d)) / np.sqrt(np.sqrt(d))).astype(np.float32)
     wt = np.ascontiguousarray(w.T)
-    u32, ubf = np.empty((N, m), np.float32), np.empty((N, m), np.float32)
+    u32, ubf, uamx = (np.empty((N, m), np.float32) for _ in range(3))
     x2 = np.empty(N * d, np.uint16)
     w2 = np.empty((d // 2) * m, np.uint32)
     p = lambda a: a.ctypes.data  # noqa: E731
@@ -115,11 +124,21 @@ def speed(dll, N: int, d: int, m: int, rounds: int, rng) -> dict:
     def bf16_product_only():
         assert dll.bf16_projection(p(ubf), p(x2), p(w2), N, d, m) == 0
 
+    def amx():
+        dll.frequencies_to_bf16_pairs(p(w2), p(w), m, d)
+        dll.fp32_to_bf16_rows(p(x2), p(x), N * d)
+        assert dll.amx_projection(p(uamx), p(x2), p(w2), N, d, m) == 0
+
+    def amx_product_only():
+        assert dll.amx_projection(p(uamx), p(x2), p(w2), N, d, m) == 0
+
     def numpy_matmul():
         np.matmul(x, w.T, out=u32)
 
-    runs = {"float32 tile": fp32, "bf16 tile, with conversions": bf16, "bf16 tile, product only": bf16_product_only,
-            "NumPy float32 matmul": numpy_matmul}
+    runs = {"float32 tile": fp32, "bf16 tile, with conversions": bf16, "bf16 tile, product only": bf16_product_only}
+    if amx:
+        runs.update({"AMX bf16, with conversions": amx, "AMX bf16, product only": amx_product_only})
+    runs["NumPy float32 matmul"] = numpy_matmul
     for fn in runs.values():  # warm-up, and the buffers the product-only run reads
         for _ in range(3):
             fn()
@@ -136,6 +155,7 @@ def speed(dll, N: int, d: int, m: int, rounds: int, rng) -> dict:
     out["error"] = {
         "float32 tile": float((np.abs(u32 - exact) / scale).max()),
         "bf16 tile": float((np.abs(ubf - exact) / scale).max()),
+        **({"AMX bf16": float((np.abs(uamx - exact) / scale).max())} if amx else {}),
         "bound": BF16_BOUND,
         "max |u| (radians)": float(np.abs(exact).max()),
     }
@@ -182,27 +202,28 @@ def main(argv=None) -> int:
     if platform.machine() not in ("x86_64", "AMD64") or "avx512_bf16" not in cpu_flags():
         print("skipped: this CPU has no avx512_bf16 (x86-64 with AVX512_BF16 needed)")
         return 0
-    if args.seq_len % 8 or args.head_dim % 32 or any(m % 32 for m in args.features):
-        ap.error("--seq-len must be a multiple of 8, --head-dim and --features multiples of 32")
+    if args.seq_len % 32 or args.head_dim % 32 or any(m % 32 for m in args.features):
+        ap.error("--seq-len, --head-dim and --features must be multiples of 32")
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
         dll = build(folder)
-        result = {"cpu": cpu_model(), "seq_len": args.seq_len, "head_dim": args.head_dim, "rounds": args.rounds,
+        amx = amx_available(dll)
+        result = {"cpu": cpu_model(), "amx": amx, "seq_len": args.seq_len, "head_dim": args.head_dim, "rounds": args.rounds,
                   "speed": {}, "attention_error": {}}
         print(f"{result['cpu']}; u = x W^T, N = {args.seq_len}, d = {args.head_dim}, one thread, "
               f"medians of {args.rounds} interleaved rounds")
         for m in args.features:
-            r = speed(dll, args.seq_len, args.head_dim, m, args.rounds, rng)
+            r = speed(dll, args.seq_len, args.head_dim, m, args.rounds, rng, amx)
             result["speed"][str(m)] = r
             base = r["float32 tile"]["ms"]
             print(f"\nm = {m}:")
-            for name in ("float32 tile", "bf16 tile, with conversions", "bf16 tile, product only",
-                         "NumPy float32 matmul"):
+            for name in (n for n in r if n != "error"):
                 lo, hi = min(r[name]["rounds_ms"]), max(r[name]["rounds_ms"])
                 print(f"  {name:30s} {r[name]['ms']:7.3f} ms ({lo:.3f}-{hi:.3f})  {r[name]['gflops']:6.1f} GFLOP/s  "
                       f"float32 tile / it {base / r[name]['ms']:.2f}x")
             e = r["error"]
-            print(f"  projection error / sum|x w|: float32 {e['float32 tile']:.2e}, bf16 {e['bf16 tile']:.2e} "
+            amx_error = f", AMX {e['AMX bf16']:.2e}" if amx else ""
+            print(f"  projection error / sum|x w|: float32 {e['float32 tile']:.2e}, bf16 {e['bf16 tile']:.2e}{amx_error} "
                   f"(bound {e['bound']:.2e}); largest |u| {e['max |u| (radians)']:.1f} rad")
     n_err = min(args.seq_len, 512)  # the quadratic-form reference is O(N^2)
     print(f"\nattention output, N = {n_err}, m = {args.features[0]}, initial parameters, q, k, v ~ s N(0, 1): "

@@ -1,7 +1,7 @@
 """benchmarks/bf16_projection.py measures what it says: its bf16 rounding is round-to-nearest-
-even (against torch's bfloat16), and both C tiles compute x W^T (the bf16 one exactly the
-product of the rounded inputs, up to float32 accumulation), so its speed ratios compare
-two correct products."""
+even (against torch's bfloat16), and its C tiles compute x W^T (the bf16 ones, AVX512_BF16
+and AMX, exactly the product of the rounded inputs, up to float32 accumulation), so its
+speed ratios compare correct products."""
 import importlib.util
 import os
 import platform
@@ -49,3 +49,27 @@ def test_both_tiles_compute_the_projection(tmp_path):
     assert (np.abs(ubf - rounded) / scale).max() < 1e-6          # the rounded inputs' product
     assert 1e-4 < (np.abs(ubf - exact) / scale).max() <= bench.BF16_BOUND
     assert dll.fp32_projection(u32.ctypes.data, x.ctypes.data, wt.ctypes.data, N + 1, d, m) == 1  # refused sizes
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "amx_bf16" not in bench.cpu_flags()
+                    or shutil.which(os.environ.get("CC", "cc")) is None,
+                    reason="needs x86-64 with amx_bf16 and a C compiler")
+def test_amx_tiles_compute_the_projection(tmp_path):
+    dll = bench.build(str(tmp_path))
+    if not bench.amx_available(dll):
+        pytest.skip("the kernel does not grant this process AMX's tile state")
+    rng = np.random.default_rng(2)
+    N, d, m = 64, 64, 96
+    x = rng.standard_normal((N, d)).astype(np.float32)
+    w = rng.standard_normal((m, d)).astype(np.float32)
+    uamx = np.full((N, m), np.nan, np.float32)
+    x2, w2 = np.empty(N * d, np.uint16), np.empty((d // 2) * m, np.uint32)
+    dll.frequencies_to_bf16_pairs(w2.ctypes.data, w.ctypes.data, m, d)
+    dll.fp32_to_bf16_rows(x2.ctypes.data, x.ctypes.data, N * d)
+    assert dll.amx_projection(uamx.ctypes.data, x2.ctypes.data, w2.ctypes.data, N, d, m) == 0
+    scale = np.abs(x).astype(np.float64) @ np.abs(w.T).astype(np.float64)
+    rounded = bench.to_bf16(x).astype(np.float64) @ bench.to_bf16(w).T.astype(np.float64)
+    assert (np.abs(uamx - rounded) / scale).max() < 1e-6          # every block written, the rounded product
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert 1e-4 < (np.abs(uamx - exact) / scale).max() <= bench.BF16_BOUND
+    assert dll.amx_projection(uamx.ctypes.data, x2.ctypes.data, w2.ctypes.data, N - 8, d, m) == 1  # refused sizes
