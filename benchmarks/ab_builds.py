@@ -1,0 +1,104 @@
+"""Two builds of flexformer, A and B, timed against each other in one process, call by call.
+
+On a host whose speed drifts with its neighbours' load (stretches of seconds 30% slower),
+timing each build in its own process mixes the host's phases into the ratio. Here both
+builds are imported under two names (each checkout's ``flexformer/`` folder, with its
+compiled extension, linked into a temporary folder as ``build_a`` and ``build_b``), and
+the bidirectional forward + backward of a training step (the forward keeps its key state
+and projections) is called alternately, A B, B A, A B, ...: a slow stretch falls on both
+calls of a pair. The ratio reported is the median over pairs of B's time / A's, with its
+interquartile range; an A/A run (the same checkout twice) reads 1.00 within about 1%.
+
+    python benchmarks/ab_builds.py CHECKOUT_A CHECKOUT_B [--kinds flex_n flex_s] [--pairs 100]
+                                   [--seq-len 4096] [--threads 2]
+
+Each checkout must have its extension built in place (``python setup.py build_ext
+--inplace``). B = 8 heads, d = e = m = 64, float32, seed 0.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HEADS, DIM = 8, 64
+
+
+def load(checkout: str, name: str, folder: str):
+    """The package in ``checkout``/flexformer imported as ``name``."""
+    package = os.path.join(os.path.abspath(checkout), "flexformer")
+    if not os.path.isfile(os.path.join(package, "__init__.py")):
+        raise SystemExit(f"{checkout}: no flexformer/ package there")
+    os.symlink(package, os.path.join(folder, name))
+    return importlib.import_module(name)
+
+
+def training_step(ff, kind: str, inputs):
+    """The forward + backward of one bidirectional layer call, as the layers run it."""
+    q, k, v, dout = inputs
+    if kind == "flex_n":
+        params = ff.init.flex_n_params(HEADS, DIM, DIM, rng=1, dtype=np.float32)
+        forward, backward = ff.flex_n_attention, ff.flex_n_attention_backward
+    else:
+        params = (ff.init.flex_s_omega(HEADS, DIM, DIM, rng=1, dtype=np.float32),)
+        forward, backward = ff.flex_s_attention, ff.flex_s_attention_backward
+
+    def step():
+        _, key_state, kept = forward(q, k, v, *params, return_key_state=True, return_projections=True)
+        backward(dout, q, k, v, *params, key_state=key_state, projections=kept)
+
+    return step
+
+
+def compare(step_a, step_b, pairs: int) -> dict:
+    for _ in range(3):  # warm-up: buffers, thread pool, the product tile's calibration
+        step_a()
+        step_b()
+    times = {step_a: [], step_b: []}
+    for i in range(pairs):
+        for step in ((step_a, step_b) if i % 2 == 0 else (step_b, step_a)):
+            start = time.perf_counter()
+            step()
+            times[step].append(1e3 * (time.perf_counter() - start))
+    ta, tb = times[step_a], times[step_b]
+    ratios = sorted(b / a for a, b in zip(ta, tb))
+    return {"a_ms": statistics.median(ta), "b_ms": statistics.median(tb), "ratio": statistics.median(ratios),
+            "q1": ratios[len(ratios) // 4], "q3": ratios[(3 * len(ratios)) // 4]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkout_a")
+    ap.add_argument("checkout_b")
+    ap.add_argument("--kinds", nargs="+", default=["flex_n", "flex_s"], choices=["flex_n", "flex_s"])
+    ap.add_argument("--pairs", type=int, default=100)
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.pairs < 4:
+        ap.error("--pairs must be at least 4")
+    with tempfile.TemporaryDirectory() as folder:
+        sys.path.insert(0, folder)
+        build_a = load(args.checkout_a, "build_a", folder)
+        build_b = load(args.checkout_b, "build_b", folder)
+        for build in (build_a, build_b):
+            build.set_num_threads(args.threads)
+        rng = np.random.default_rng(0)
+        inputs = [(0.3 * rng.standard_normal((1, HEADS, args.seq_len, DIM))).astype(np.float32) for _ in range(4)]
+        print(f"A = {args.checkout_a}, B = {args.checkout_b}; N = {args.seq_len}, {args.threads} threads, "
+              f"{args.pairs} pairs, kernel ISA level {build_a.isa_level()}")
+        for kind in args.kinds:
+            r = compare(training_step(build_a, kind, inputs), training_step(build_b, kind, inputs), args.pairs)
+            print(f"{kind}: A {r['a_ms']:.2f} ms, B {r['b_ms']:.2f} ms (medians); B / A per pair: median "
+                  f"{r['ratio']:.3f}, interquartile {r['q1']:.3f}-{r['q3']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
