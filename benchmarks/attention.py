@@ -291,17 +291,29 @@ def _run_worker(args_list, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def flex_n_forward_flops(N: int, H: int, d: int, m: int, e: int) -> float:
-    """Multiply-adds x 2 of the flex_n bidirectional forward: the four projections
-    (q and k, A and B), the key state sum_j f(k_j) v_j^T and the outputs f(q_i)^T S."""
+def forward_product_flops(kind: str, N: int, H: int, d: int, m: int, e: int) -> float:
+    """Multiply-adds x 2 of the dense products of a bidirectional forward with F = 2m
+    features: the projections of q and k onto r angles (r = 2m for flex_n's frequency
+    pairs, m for flex_s), the key state sum_j f(k_j) v_j^T and the outputs f(q_i)^T S."""
+    r = 2 * m if kind == "flex_n" else m
     F = 2 * m
-    return H * (2 * 2 * N * m * d * 2 + N * F * e * 2 + N * F * e * 2)
+    return H * (2 * N * r * d * 2 + N * F * e * 2 + N * F * e * 2)
+
+
+def backward_product_flops(kind: str, N: int, H: int, d: int, m: int, e: int) -> float:
+    """The backward's, given the forward's projections and key state: each product of the
+    forward has two gradient products of its size, so twice the forward's count."""
+    return 2 * forward_product_flops(kind, N, H, d, m, e)
+
+
+def flex_n_forward_flops(N: int, H: int, d: int, m: int, e: int) -> float:
+    """flex_n's bidirectional forward (forward_product_flops)."""
+    return forward_product_flops("flex_n", N, H, d, m, e)
 
 
 def flex_n_fwdbwd_flops(N: int, H: int, d: int, m: int, e: int) -> float:
-    """The forward's count plus the backward's, taken as twice the forward's (each product
-    of the forward has two gradient products of its size): 3x the forward."""
-    return 3 * flex_n_forward_flops(N, H, d, m, e)
+    """flex_n's forward + backward: 3x the forward."""
+    return flex_n_forward_flops(N, H, d, m, e) + backward_product_flops("flex_n", N, H, d, m, e)
 
 
 def main() -> int:

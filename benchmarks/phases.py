@@ -33,6 +33,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from attention import backward_product_flops, forward_product_flops  # noqa: E402  (one count of the products)
 
 #: (phase, regular expression on the function name), first match wins
 PHASES = [
@@ -74,14 +76,10 @@ print(json.dumps({"ms": 1e3 * float(np.median(times))}))
 
 
 def product_flops(kind: str, pas: str, N: int, H: int, d: int) -> float:
-    """Multiply-adds x 2 of the dense products of a bidirectional pass at d = e = m,
-    F = 2m features: the projections of q and k onto r angles (r = 2m for flex_n's pairs,
-    m for flex_s), the key sum and the read-out; the backward (given the forward's
-    projections and key state) has two gradient products of each one's size."""
-    m = e = d
-    r = 2 * m if kind == "flex_n" else m
-    forward = H * (2 * N * r * d * 2 + 2 * N * 2 * m * e * 2)
-    return forward if pas == "fwd" else 2 * forward
+    """Multiply-adds x 2 of the dense products of a bidirectional pass ("fwd" or "bwd") at
+    d = e = m, as attention.py counts them."""
+    count = forward_product_flops if pas == "fwd" else backward_product_flops
+    return count(kind, N, H, d, d, d)
 
 
 def phase_of(symbol: str) -> str:

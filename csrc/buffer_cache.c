@@ -70,16 +70,23 @@ static void *take(size_t size)
     return p;
 }
 
-/* A fresh block starting on a cache line: a vector load or store at the start of a row
- * then never straddles two lines (an array from plain malloc starts 16 bytes into one).
- * Windows has no posix_memalign, and its aligned blocks need their own free. */
+/* Fresh blocks start on a cache line (FF_ALIGNED_BLOCKS): a vector load or store at the
+ * start of a row then never straddles two lines (an array from plain malloc starts 16
+ * bytes into one). Windows has no posix_memalign, and its aligned blocks need their own
+ * free: there fresh blocks are malloc's. */
+#if defined(_WIN32)
+#define FF_ALIGNED_BLOCKS 0
+#else
+#define FF_ALIGNED_BLOCKS 1
+#endif
+
 static void *fresh_block(size_t size)
 {
-#if defined(_WIN32)
-    return malloc(size ? size : 1);
-#else
+#if FF_ALIGNED_BLOCKS
     void *p = NULL;
     return posix_memalign(&p, FF_CACHE_LINE, size ? size : 1) == 0 ? p : NULL;
+#else
+    return malloc(size ? size : 1);
 #endif
 }
 
@@ -105,18 +112,14 @@ void *ff_buffer_calloc(size_t n, size_t size)
 void *ff_buffer_realloc(void *ptr, size_t size)
 {
     void *p = realloc(ptr, size ? size : 1);
-#if defined(_WIN32)
-    return p; /* fresh blocks there are malloc's too */
-#else
-    if (!p || (uintptr_t)p % FF_CACHE_LINE == 0)
-        return p;
+    if (!FF_ALIGNED_BLOCKS || !p || (uintptr_t)p % FF_CACHE_LINE == 0)
+        return p; /* without aligned blocks, fresh blocks are malloc's too */
     void *aligned = fresh_block(size);
     if (!aligned)
         return p;
     memcpy(aligned, p, size);
     free(p);
     return aligned;
-#endif
 }
 
 void ff_buffer_free(void *ptr, size_t size)
