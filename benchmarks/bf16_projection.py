@@ -116,21 +116,20 @@ def speed(dll, N: int, d: int, m: int, rounds: int, rng, amx: bool) -> dict:
     def fp32():
         assert dll.fp32_projection(p(u32), p(x), p(wt), N, d, m) == 0
 
-    def bf16():
-        dll.frequencies_to_bf16_pairs(p(w2), p(w), m, d)
-        dll.fp32_to_bf16_rows(p(x2), p(x), N * d)
-        assert dll.bf16_projection(p(ubf), p(x2), p(w2), N, d, m) == 0
+    def bf16_runs(product, u):
+        """The bf16 product into u: with converting x and W first, and alone."""
+        def with_conversions():
+            dll.frequencies_to_bf16_pairs(p(w2), p(w), m, d)
+            dll.fp32_to_bf16_rows(p(x2), p(x), N * d)
+            product_only()
 
-    def bf16_product_only():
-        assert dll.bf16_projection(p(ubf), p(x2), p(w2), N, d, m) == 0
+        def product_only():
+            assert product(p(u), p(x2), p(w2), N, d, m) == 0
 
-    def amx():
-        dll.frequencies_to_bf16_pairs(p(w2), p(w), m, d)
-        dll.fp32_to_bf16_rows(p(x2), p(x), N * d)
-        assert dll.amx_projection(p(uamx), p(x2), p(w2), N, d, m) == 0
+        return with_conversions, product_only
 
-    def amx_product_only():
-        assert dll.amx_projection(p(uamx), p(x2), p(w2), N, d, m) == 0
+    bf16, bf16_product_only = bf16_runs(dll.bf16_projection, ubf)
+    amx, amx_product_only = bf16_runs(dll.amx_projection, uamx)
 
     def numpy_matmul():
         np.matmul(x, w.T, out=u32)
