@@ -11,8 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #define TARGET __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
 
@@ -105,8 +107,10 @@ TARGET void frequencies_to_bf16_pairs(uint32_t *wt2, const float *w, size_t m, s
         }
 }
 
-/* AMX needs GCC >= 11 or clang >= 12 to compile; elsewhere amx_request says no. */
-#if defined(__clang__) ? __clang_major__ >= 12 : defined(__GNUC__) && __GNUC__ >= 11
+/* AMX needs Linux (for the tile state) and GCC >= 11 or clang >= 12 to compile; elsewhere
+ * amx_request says no. */
+#if defined(__linux__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                           (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 #define HAVE_AMX 1
 #else
 #define HAVE_AMX 0
@@ -116,12 +120,11 @@ TARGET void frequencies_to_bf16_pairs(uint32_t *wt2, const float *w, size_t m, s
  * for it; 0 when granted. */
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 
+#if HAVE_AMX
 int amx_request(void)
 {
-    return HAVE_AMX ? (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) : -1;
+    return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
 }
-
-#if HAVE_AMX
 
 /* ldtilecfg's 64-byte layout, palette 1 */
 struct tile_config {
@@ -173,6 +176,8 @@ __attribute__((target("amx-tile,amx-bf16"))) int amx_projection(float *u, const 
     return 0;
 }
 #else
+int amx_request(void) { return -1; }
+
 int amx_projection(float *u, const uint16_t *x2, const uint32_t *wt2, size_t N, size_t d, size_t m)
 {
     (void)u, (void)x2, (void)wt2, (void)N, (void)d, (void)m;
