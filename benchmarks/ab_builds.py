@@ -40,18 +40,16 @@ def load(checkout: str, name: str, folder: str):
 
 
 def training_step(ff, kind: str, inputs):
-    """The forward + backward of one bidirectional layer call, as the layers run it."""
+    """The forward + backward of one bidirectional layer call, as the layers run it (the
+    kind's registry entry: its initial parameters, forward and backward)."""
     q, k, v, dout = inputs
-    if kind == "flex_n":
-        params = ff.init.flex_n_params(HEADS, DIM, DIM, rng=1, dtype=np.float32)
-        forward, backward = ff.flex_n_attention, ff.flex_n_attention_backward
-    else:
-        params = (ff.init.flex_s_omega(HEADS, DIM, DIM, rng=1, dtype=np.float32),)
-        forward, backward = ff.flex_s_attention, ff.flex_s_attention_backward
+    spec = ff.get_attention(kind)
+    params = spec.init(HEADS, DIM, num_features=DIM, rng=1, dtype=np.float32)
 
     def step():
-        _, key_state, kept = forward(q, k, v, *params, return_key_state=True, return_projections=True)
-        backward(dout, q, k, v, *params, key_state=key_state, projections=kept)
+        _, key_state, kept = spec.forward(q, k, v, params, return_key_state=True,
+                                          return_projections=spec.projections)
+        spec.backward(dout, q, k, v, params, key_state=key_state, projections=kept)
 
     return step
 

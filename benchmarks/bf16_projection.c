@@ -116,11 +116,11 @@ TARGET void frequencies_to_bf16_pairs(uint32_t *wt2, const float *w, size_t m, s
 #define HAVE_AMX 0
 #endif
 
+#if HAVE_AMX
 /* AMX: the tile data state is off for a process until it asks the kernel (Linux >= 5.16)
  * for it; 0 when granted. */
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 
-#if HAVE_AMX
 int amx_request(void)
 {
     return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
