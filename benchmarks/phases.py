@@ -43,6 +43,8 @@ PHASES = [
     ("feature maps, rest (norms, cos+sin sums, their gradients)", r"_features|featmap|sq_norms"),
     ("key side (state sums, dk, dv)", r"key_state|keys_backward|state_update|segment_key|reverse_sweep"),
     ("query side (outputs, dq, guard)", r"queries|chunk|forward_range|forward_sweep|guarded"),
+    ("row passes (scaling, normaliser gradient, row dots, projection gradients)",
+     r"^rows_|^dots|_dproj"),
     ("exp", r"exp"),
     ("memory (memset / memcpy / fresh pages / requests for the next block's rows)",
      r"memset|memcpy|memmove|clear_page|page_fault|do_anonymous|projection_spread"),
