@@ -353,7 +353,7 @@ def test_eps_reaches_the_kernels():
 
 
 def test_default_tau_start_shapes_attention_rows_where_matched_tau_is_nearly_flat():
-    """Why the default tau is fixed (docs/journal/results-log.md section 11): with tau matched to the
+    """Why the default tau is fixed (experiments/journal/results-log.md section 11): with tau matched to the
     bandwidth scale the start is softmax at temperature s^2 / sqrt d, rows nearly uniform
     (measured TV from uniform 0.04-0.05 on unit-variance queries and keys, d = 16); the fixed
     tau keeps Flexformer_s's key weight and rows start shaped (0.27-0.28)."""

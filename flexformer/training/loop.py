@@ -28,7 +28,7 @@ from .optim import AdamW, clip_global_norm, lr_at
 
 #: every task the trainer runs, with what a run starts from when the option is not given:
 #: ``lr``, the peak learning rate, 1e-3 unless measured otherwise (text-lm: 3e-3,
-#: docs/journal/results-log.md section 13; ListOps, text-cls and fmnist were measured at 3e-3 too and
+#: experiments/journal/results-log.md section 13; ListOps, text-cls and fmnist were measured at 3e-3 too and
 #: kept 1e-3, sections 13 and 14); ``short_conv``, the width of the short convolutions on
 #: queries, keys and values, 0 (none) unless measured otherwise (text-lm: 4, section 15)
 TASK_DEFAULTS = {
