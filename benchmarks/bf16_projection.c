@@ -120,10 +120,13 @@ TARGET void frequencies_to_bf16_pairs(uint32_t *wt2, const float *w, size_t m, s
 /* AMX: the tile data state is off for a process until it asks the kernel (Linux >= 5.16)
  * for it; 0 when granted. */
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+static int amx_granted; /* amx_projection runs no tile instruction before a granted request */
 
 int amx_request(void)
 {
-    return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+    const int status = (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+    amx_granted = status == 0;
+    return status;
 }
 
 /* ldtilecfg's 64-byte layout, palette 1 */
@@ -136,12 +139,16 @@ struct tile_config {
 /* x2: (N, d) bf16, the layout fp32_to_bf16_rows writes; wt2: (d/2, m) bf16 pairs, the
  * layout frequencies_to_bf16_pairs writes (which is AMX's pair-interleaved B operand);
  * u: (N, m). N, m and d multiples of 32. Tiles 0-3 accumulate u's 32 x 32 block, 4-5 hold
- * two 16-row strips of x (32 bf16 of d each), 6-7 two 16-column strips of wt2 (16 pairs). */
+ * two 16-row strips of x (32 bf16 of d each), 6-7 two 16-column strips of wt2 (16 pairs).
+ * Returns 1 for sizes it does not take, 3 when amx_request has not been granted (on a CPU
+ * without AMX, or where Linux refused, a tile instruction would kill the process). */
 __attribute__((target("amx-tile,amx-bf16"))) int amx_projection(float *u, const uint16_t *x2, const uint32_t *wt2,
                                                                  size_t N, size_t d, size_t m)
 {
     if (N % 32 || m % 32 || d % 32)
         return 1;
+    if (!amx_granted)
+        return 3;
     struct tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;

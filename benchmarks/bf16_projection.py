@@ -129,14 +129,14 @@ def speed(dll, N: int, d: int, m: int, rounds: int, rng, amx: bool) -> dict:
         return with_conversions, product_only
 
     bf16, bf16_product_only = bf16_runs(dll.bf16_projection, ubf)
-    amx, amx_product_only = bf16_runs(dll.amx_projection, uamx)
+    amx_with_conversions, amx_product_only = bf16_runs(dll.amx_projection, uamx)
 
     def numpy_matmul():
         np.matmul(x, w.T, out=u32)
 
     runs = {"float32 tile": fp32, "bf16 tile, with conversions": bf16, "bf16 tile, product only": bf16_product_only}
     if amx:
-        runs.update({"AMX bf16, with conversions": amx, "AMX bf16, product only": amx_product_only})
+        runs.update({"AMX bf16, with conversions": amx_with_conversions, "AMX bf16, product only": amx_product_only})
     runs["NumPy float32 matmul"] = numpy_matmul
     for fn in runs.values():  # warm-up, and the buffers the product-only run reads
         for _ in range(3):

@@ -73,3 +73,30 @@ def test_amx_tiles_compute_the_projection(tmp_path):
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     assert 1e-4 < (np.abs(uamx - exact) / scale).max() <= bench.BF16_BOUND
     assert dll.amx_projection(uamx.ctypes.data, x2.ctypes.data, w2.ctypes.data, N - 8, d, m) == 1  # refused sizes
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which(os.environ.get("CC", "cc")) is None,
+                    reason="needs x86-64 and a C compiler")
+def test_amx_tile_refuses_before_the_tile_state_is_granted(tmp_path):
+    """Without a granted amx_request (on any CPU, AMX or not) the AMX tile returns 3 instead of
+    running a tile instruction, which kills the process where the CPU or Linux says no."""
+    dll = bench.build(str(tmp_path))
+    N = d = m = 32
+    u = np.full((N, m), np.nan, np.float32)
+    x2, w2 = np.zeros(N * d, np.uint16), np.zeros((d // 2) * m, np.uint32)
+    assert dll.amx_projection(u.ctypes.data, x2.ctypes.data, w2.ctypes.data, N, d, m) in (2, 3)  # 2: built without AMX
+    assert np.isnan(u).all()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "avx512_bf16" not in bench.cpu_flags()
+                    or shutil.which(os.environ.get("CC", "cc")) is None,
+                    reason="needs x86-64 with avx512_bf16 and a C compiler")
+def test_the_benchmark_runs_on_this_cpu(tmp_path, capsys):
+    """The whole command at a small size, as CI runs it: the AMX columns only where granted."""
+    out = tmp_path / "bf16.json"
+    assert bench.main(["--seq-len", "64", "--features", "32", "--rounds", "1", "--out", str(out)]) == 0
+    import json
+    result = json.loads(out.read_text())
+    has_amx_rows = any(name.startswith("AMX") for name in result["speed"]["32"])
+    assert has_amx_rows == result["amx"]
+    assert result["speed"]["32"]["error"]["bf16 tile"] <= bench.BF16_BOUND
