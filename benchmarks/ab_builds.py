@@ -7,7 +7,10 @@ compiled extension, linked into a temporary folder as ``build_a`` and ``build_b`
 the bidirectional forward + backward of a training step (the forward keeps its key state
 and projections) is called alternately, A B, B A, A B, ...: a slow stretch falls on both
 calls of a pair. The ratio reported is the median over pairs of B's time / A's, with its
-interquartile range; an A/A run (the same checkout twice) reads 1.00 within about 1%.
+interquartile range; an A/A run (the same checkout twice) reads 1.00 within about 1%. Two
+different builds can read up to about 1.5% apart when swapped (on a Zen 4, 2026-12-06: both
+orders of one pair of builds read "B faster"), so run it twice with the checkouts swapped,
+and take a difference below about 2% as noise.
 
     python benchmarks/ab_builds.py CHECKOUT_A CHECKOUT_B [--kinds flex_n flex_s] [--pairs 100]
                                    [--seq-len 4096] [--threads 2]
