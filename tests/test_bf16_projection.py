@@ -3,6 +3,7 @@ even (against torch's bfloat16), and its C tiles compute x W^T (the bf16 ones, A
 and AMX, exactly the product of the rounded inputs, up to float32 accumulation), so its
 speed ratios compare correct products."""
 import importlib.util
+import json
 import os
 import platform
 import shutil
@@ -91,11 +92,10 @@ def test_amx_tile_refuses_before_the_tile_state_is_granted(tmp_path):
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "avx512_bf16" not in bench.cpu_flags()
                     or shutil.which(os.environ.get("CC", "cc")) is None,
                     reason="needs x86-64 with avx512_bf16 and a C compiler")
-def test_the_benchmark_runs_on_this_cpu(tmp_path, capsys):
+def test_the_benchmark_runs_on_this_cpu(tmp_path):
     """The whole command at a small size, as CI runs it: the AMX columns only where granted."""
     out = tmp_path / "bf16.json"
     assert bench.main(["--seq-len", "64", "--features", "32", "--rounds", "1", "--out", str(out)]) == 0
-    import json
     result = json.loads(out.read_text())
     has_amx_rows = any(name.startswith("AMX") for name in result["speed"]["32"])
     assert has_amx_rows == result["amx"]
