@@ -2,6 +2,8 @@
 even (against torch's bfloat16), and its C tiles compute x W^T (the bf16 ones, AVX512_BF16
 and AMX, exactly the product of the rounded inputs, up to float32 accumulation), so its
 speed ratios compare correct products."""
+from __future__ import annotations
+
 import importlib.util
 import json
 import os
@@ -18,6 +20,13 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 
+def needs_cpu(flag: str | None = None):
+    """Skip unless on x86-64 with a C compiler and, when given, this /proc/cpuinfo flag."""
+    missing = (platform.machine() not in ("x86_64", "AMD64") or shutil.which(os.environ.get("CC", "cc")) is None
+               or (flag is not None and flag not in bench.cpu_flags()))
+    return pytest.mark.skipif(missing, reason=f"needs x86-64{f' with {flag}' if flag else ''} and a C compiler")
+
+
 def test_rounding_is_torchs_bfloat16():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
@@ -27,9 +36,7 @@ def test_rounding_is_torchs_bfloat16():
     np.testing.assert_array_equal(bench.to_bf16(x), want)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "avx512_bf16" not in bench.cpu_flags()
-                    or shutil.which(os.environ.get("CC", "cc")) is None,
-                    reason="needs x86-64 with avx512_bf16 and a C compiler")
+@needs_cpu("avx512_bf16")
 def test_both_tiles_compute_the_projection(tmp_path):
     dll = bench.build(str(tmp_path))
     rng = np.random.default_rng(1)
@@ -52,9 +59,7 @@ def test_both_tiles_compute_the_projection(tmp_path):
     assert dll.fp32_projection(u32.ctypes.data, x.ctypes.data, wt.ctypes.data, N + 1, d, m) == 1  # refused sizes
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "amx_bf16" not in bench.cpu_flags()
-                    or shutil.which(os.environ.get("CC", "cc")) is None,
-                    reason="needs x86-64 with amx_bf16 and a C compiler")
+@needs_cpu("amx_bf16")
 def test_amx_tiles_compute_the_projection(tmp_path):
     dll = bench.build(str(tmp_path))
     if not bench.amx_available(dll):
@@ -76,8 +81,7 @@ def test_amx_tiles_compute_the_projection(tmp_path):
     assert dll.amx_projection(uamx.ctypes.data, x2.ctypes.data, w2.ctypes.data, N - 8, d, m) == 1  # refused sizes
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which(os.environ.get("CC", "cc")) is None,
-                    reason="needs x86-64 and a C compiler")
+@needs_cpu()
 def test_amx_tile_refuses_before_the_tile_state_is_granted(tmp_path):
     """Without a granted amx_request (on any CPU, AMX or not) the AMX tile returns 3 instead of
     running a tile instruction, which kills the process where the CPU or Linux says no."""
@@ -89,9 +93,7 @@ def test_amx_tile_refuses_before_the_tile_state_is_granted(tmp_path):
     assert np.isnan(u).all()
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or "avx512_bf16" not in bench.cpu_flags()
-                    or shutil.which(os.environ.get("CC", "cc")) is None,
-                    reason="needs x86-64 with avx512_bf16 and a C compiler")
+@needs_cpu("avx512_bf16")
 def test_the_benchmark_runs_on_this_cpu(tmp_path):
     """The whole command at a small size, as CI runs it: the AMX columns only where granted."""
     out = tmp_path / "bf16.json"
