@@ -71,9 +71,10 @@ static inline size_t ff_round_to_line(size_t n, size_t size, int *ok)
  * while the current block is worked on. A block's first touch of the caller's arrays (and
  * of the projections the forward kept, which the backward reads from memory) otherwise
  * waits on memory; asking for all of the next block's lines at once (about a thousand)
- * gained at most 2% on a Zen 4, spread through the block the bidirectional backward took
- * 6% less time (docs/performance.md). Addresses are kept as integers, aligned down to a
- * line: a prefetch never faults, so a range may begin before or end past an array. */
+ * gained at most 2% on a Zen 4 (experiments/journal/performance-log.md), spread through the
+ * block the bidirectional forward + backward took 6-7% less time (docs/performance.md's
+ * table of kernel choices). Addresses are kept as integers, aligned down to a line: a
+ * prefetch never faults, so a range may begin before or end past an array. */
 #define FF_PREFETCH_RANGES 4
 typedef struct {
     uintptr_t next[FF_PREFETCH_RANGES]; /* the next line to ask for, per range */
