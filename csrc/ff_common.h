@@ -156,6 +156,28 @@ static inline int ff_threads(int requested)
 #endif
 }
 
+/* A cap on the x86-64 level of the code copies run by the calling thread (4: none), and
+ * by the teams it starts (FF_TEAM). A one-token recurrent step runs under a cap of 3
+ * (module.c): on an Intel Xeon a few microseconds of AVX-512 arithmetic per call lower the
+ * core's clock for everything around them, and the AVX2 copies ran the step faster there
+ * (docs/performance.md). The copies a step runs give the same bits at levels 3 and 4
+ * (tests/test_isa_paths.py), so the cap changes the speed only. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && (__GNUC__ >= 11) && \
+    !defined(FF_NO_CLONES)
+extern __thread int ff_level_cap __attribute__((tls_model("initial-exec")));
+#define FF_LEVEL_CAP() ff_level_cap
+#define FF_LEVEL_CAP_PUSH(cap, saved)                                                      \
+    do {                                                                                   \
+        (saved) = ff_level_cap;                                                            \
+        ff_level_cap = (cap);                                                              \
+    } while (0)
+#define FF_LEVEL_CAP_POP(saved) (ff_level_cap = (saved))
+#else
+#define FF_LEVEL_CAP() 4
+#define FF_LEVEL_CAP_PUSH(cap, saved) ((void)(cap), (saved) = 4)
+#define FF_LEVEL_CAP_POP(saved) ((void)(saved))
+#endif
+
 /* Run `call` on a team of `T` threads, or on the calling thread alone when T is 1. The
  * loops inside `call` are orphaned `omp for`s: in a team they share the work, alone they
  * run serially. A team of one is avoided because libgomp ends each of its barriers with a
@@ -166,7 +188,14 @@ static inline int ff_threads(int requested)
     do {                                                                                   \
         const int ff_team_ = (int)(T);                                                     \
         if (ff_team_ > 1) {                                                                \
-            _Pragma("omp parallel num_threads(ff_team_)") call;                            \
+            const int ff_cap_ = FF_LEVEL_CAP(); /* every thread of the team runs under */   \
+            _Pragma("omp parallel num_threads(ff_team_)")                                  \
+            {                                                                              \
+                int ff_saved_;                                                             \
+                FF_LEVEL_CAP_PUSH(ff_cap_, ff_saved_);                                     \
+                call;                                                                      \
+                FF_LEVEL_CAP_POP(ff_saved_);                                               \
+            }                                                                              \
         } else {                                                                           \
             call;                                                                          \
         }                                                                                  \
@@ -246,7 +275,13 @@ void ff_set_causal_cache_bytes(size_t bytes);
  * in a build without the copies (FF_X86_DISPATCH 0). For the hot loops compiled once per
  * instruction set (GCC target attributes). */
 #if FF_X86_DISPATCH
-#define FF_ISA_LEVEL() ff_cpu_level()
+/* the CPU's level under this thread's cap (FF_LEVEL_CAP) */
+static inline int ff_call_level(void)
+{
+    const int level = ff_cpu_level();
+    return level < ff_level_cap ? level : ff_level_cap;
+}
+#define FF_ISA_LEVEL() ff_call_level()
 #define FF_ISA_CALL(name, level, ...)                                                      \
     ((level) >= 4   ? FF(name##_avx512)(__VA_ARGS__)                                       \
      : (level) >= 3 ? FF(name##_avx2)(__VA_ARGS__)                                         \

@@ -19,6 +19,9 @@
 int ff_openmp_enabled(void);
 /* x86-64 level of the code paths in use: 2, 3, 4, or 0 without run-time dispatch */
 int ff_isa_level(void);
+/* Cap the level of the code copies the calling thread (and the teams it starts) runs at
+ * cap (2, 3 or 4: no cap); returns the cap it replaces. Speed only: see ff_common.h. */
+int ff_cap_thread_level(int cap);
 int ff_wide_copies(int use_double);
 int ff_max_threads(void);
 

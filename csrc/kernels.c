@@ -37,6 +37,22 @@
 
 size_t ff_causal_cache_limit = (size_t)256 << 20;
 
+#if FF_X86_DISPATCH
+__thread int ff_level_cap __attribute__((tls_model("initial-exec"))) = 4;
+#endif
+
+int ff_cap_thread_level(int cap)
+{
+#if FF_X86_DISPATCH
+    const int previous = ff_level_cap;
+    ff_level_cap = cap < 2 ? 2 : cap > 4 ? 4 : cap;
+    return previous;
+#else
+    (void)cap;
+    return 4;
+#endif
+}
+
 /* The x86-64 level whose code paths the kernels run (2, 3 or 4; FLEXFORMER_CPU_LEVEL may
  * cap it), or 0 for a build without run-time dispatch. */
 int ff_isa_level(void)

@@ -703,7 +703,13 @@ static int attn_call_run(const attn_call *c, void *out, int64_t *guard, void *ks
     a.nthreads = KERNEL_THREADS();
     a.eps = c->eps;
     a.scale = c->scale;
-    return c->spec->call[c->typenum == NPY_FLOAT ? 0 : 1](&a);
+    /* one causal query row (a recurrent step): AVX2 code at most (ff_common.h, FF_LEVEL_CAP) */
+    const int step = !c->backward && c->causal && c->Nq == 1;
+    const int cap = step ? ff_cap_thread_level(3) : 0;
+    const int status = c->spec->call[c->typenum == NPY_FLOAT ? 0 : 1](&a);
+    if (step)
+        ff_cap_thread_level(cap);
+    return status;
 }
 
 static PyObject *attn_call_execute(attn_call *c)

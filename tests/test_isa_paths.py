@@ -164,3 +164,55 @@ def test_dense_paths_names_and_bad_dtype():
         assert paths["row_dots"] in ("avx2", "base", "plain")
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
         ff.dense_paths(np.int32)
+
+
+# Steps of every linear recurrent kind from saved states, in both dtypes, as one hash
+STEPS = r"""
+import hashlib, sys, numpy as np
+from flexformer.recurrent import LinearAttentionState, RecurrentAttention
+saved = np.load(sys.argv[1])
+h = hashlib.sha256()
+for name in sorted({n.rsplit("/", 1)[0] for n in saved.files}):
+    kind = name.split("/")[0]
+    params = {n.rsplit("/", 1)[1][2:]: saved[n] for n in saved.files if n.startswith(name + "/p_")}
+    state = LinearAttentionState(*(saved[f"{name}/{x}"] for x in "SzRM"))
+    q, k, v = (saved[f"{name}/{x}"] for x in "qkv")
+    for t in range(q.shape[2]):
+        h.update(RecurrentAttention(kind, params).step(state, q[:, :, t:t + 1], k[:, :, t:t + 1],
+                                                      v[:, :, t:t + 1]).tobytes())
+    h.update(state.packed.tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_recurrent_steps_give_the_same_bits_at_levels_3_and_4(tmp_path):
+    """A one-token step runs the AVX2 copies at most (FF_LEVEL_CAP in csrc/ff_common.h, a
+    speed choice for Intel cores): from the same state, every linear kind's steps must give
+    the bits the AVX-512 copies give, in both dtypes, so the cap changes no result."""
+    import numpy as np
+
+    import flexformer as ff
+    from flexformer.recurrent import RecurrentAttention
+
+    if ff.isa_level() < 4:
+        pytest.skip("this CPU has no AVX-512: the cap changes nothing")
+    rng = np.random.default_rng(5)
+    saved = {}
+    for kind in [k for k in ff.attention_kinds() if ff.get_attention(k).recurrent and k != "softmax"]:
+        for dtype in (np.float32, np.float64):
+            name = f"{kind}/{np.dtype(dtype).name}"
+            params = ff.get_attention(kind).init(3, 37, num_features=19, rng=1, dtype=dtype)
+            q, k, v = (rng.standard_normal((2, 3, 80, 37)).astype(dtype) * 0.5 for _ in range(3))
+            _, state = RecurrentAttention(kind, params).prefill(q[:, :, :74], k[:, :, :74], v[:, :, :74])
+            saved.update({f"{name}/p_{n}": p for n, p in params.items()})
+            saved.update({f"{name}/{x}": getattr(state, x) for x in "SzRM"})
+            saved.update({f"{name}/q": q[:, :, 74:], f"{name}/k": k[:, :, 74:], f"{name}/v": v[:, :, 74:]})
+    path = str(tmp_path / "states.npz")
+    np.savez(path, **saved)
+    got = {}
+    for level in ("3", ""):
+        env = dict(os.environ, FLEXFORMER_CPU_LEVEL=level)
+        out = subprocess.run([sys.executable, "-c", STEPS, path], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        got[level] = out.stdout.strip()
+    assert got["3"] == got[""]
