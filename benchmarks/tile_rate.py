@@ -9,7 +9,11 @@ that vector width. A tile far below its peak points at the tile (its loads, stor
 bookkeeping); a tile near its peak, in a forward + backward that is still far from NumPy's
 matmul rate, points at the work around the products (sin/cos, row passes, memory).
 
-    python benchmarks/tile_rate.py [--out FILE.json]
+    python benchmarks/tile_rate.py [--offset BYTES] [--out FILE.json]
+
+The operands start --offset bytes into a 64-byte cache line: 16 by default, where malloc
+(and so NumPy) puts a large array, so a caller's rows are read across line boundaries; 0
+puts them on a line, as the kernels' own workspaces are.
 
 Compiles a small C program against csrc/ (the kernels' own sources and flags: -O3,
 -ffp-contract=fast; needs a C compiler, as the build does) and prints GFLOP/s per shape and
@@ -42,7 +46,7 @@ SHAPES = [
 ]
 
 PROGRAM = r"""
-#define _POSIX_C_SOURCE 199309L
+#define _POSIX_C_SOURCE 200112L /* clock_gettime, posix_memalign */
 #include "kernels.c"
 #include "buffer_cache.c"
 #include <stdio.h>
@@ -107,14 +111,18 @@ static double rate(gemm_fn g, size_t M, size_t N, size_t K, size_t a_rs, size_t 
 PEAK(peak_avx2, 32, __attribute__((target("arch=x86-64-v3"))))
 PEAK(peak_avx512, 64, __attribute__((target("arch=x86-64-v4"))))
 
-int main(void)
+int main(int argc, char **argv)
 {
     static const struct { size_t M, N, K, a_rs, a_cs, b_rs; int acc; } shapes[] = {SHAPES};
     const int level = ff_cpu_level();
-    float *a = malloc(sizeof(float) << 16), *b = malloc(sizeof(float) << 16),
-          *c = malloc(sizeof(float) << 16);
-    if (!a || !b || !c)
-        return 1;
+    /* the operands start `offset` bytes into a 64-byte line (argv[1]) */
+    const size_t offset = argc > 1 ? (size_t)atoi(argv[1]) : 0, bytes = (sizeof(float) << 16) + 64;
+    char *blocks[3];
+    for (int i = 0; i < 3; ++i)
+        if (posix_memalign((void **)&blocks[i], 64, bytes))
+            return 1;
+    float *a = (float *)(blocks[0] + offset), *b = (float *)(blocks[1] + offset),
+          *c = (float *)(blocks[2] + offset);
     for (int i = 0; i < 1 << 16; ++i) {
         a[i] = (float)(i % 13) / 13 - 0.5f;
         b[i] = (float)(i % 7) / 7 - 0.5f;
@@ -142,6 +150,10 @@ int main(void)
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--offset", type=int, default=16, choices=range(0, 64, 4), metavar="BYTES",
+                   help="bytes into a 64-byte line where the operands start (default 16: where "
+                        "malloc, and so NumPy, places a large array; the kernels' own workspaces "
+                        "start on a line, 0)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "latest", "tile_rate.json"))
     args = p.parse_args(argv)
     if platform.machine() not in ("x86_64", "AMD64"):
@@ -162,14 +174,15 @@ def main(argv=None) -> int:
         if build.returncode != 0:
             print(build.stderr, file=sys.stderr)
             return 2
-        run = subprocess.run([exe], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        run = subprocess.run([exe, str(args.offset)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if run.returncode != 0:
             print(run.stderr, file=sys.stderr)
             return 2
     res = json.loads(run.stdout)
     model = cpu_model()
     peak = res["peak"]
-    print(f"{model}, kernel ISA level {res['level']}, one thread; float32 FMA peak in registers: "
+    print(f"{model}, kernel ISA level {res['level']}, one thread, operands {args.offset} bytes into a "
+          f"64-byte line; float32 FMA peak in registers: "
           f"AVX2 {peak['avx2']:.1f}, AVX-512 {peak['avx512']:.1f} GFLOP/s")
     print(f"{'product (per 64-row block)':52s} {'base':>7s} {'AVX2':>13s} {'AVX-512':>13s}")
     rows = []
@@ -180,7 +193,7 @@ def main(argv=None) -> int:
         rows.append({"product": name, "base": base, "avx2": avx2, "avx512": avx512})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"cpu": model, "level": res["level"], "peak_gflops": peak, "gflops": rows}, fh, indent=1)
+        json.dump({"cpu": model, "level": res["level"], "offset_bytes": args.offset, "peak_gflops": peak, "gflops": rows}, fh, indent=1)
     print(f"wrote {args.out}")
     return 0
 
