@@ -156,14 +156,23 @@ static inline int ff_threads(int requested)
 #endif
 }
 
-/* A cap on the x86-64 level of the code copies run by the calling thread (4: none), and
- * by the teams it starts (FF_TEAM). A one-token recurrent step runs under a cap of 3
- * (module.c): on an Intel Xeon a few microseconds of AVX-512 arithmetic per call lower the
- * core's clock for everything around them, and the AVX2 copies ran the step faster there
- * (docs/performance.md). The copies a step runs give the same bits at levels 3 and 4
- * (tests/test_isa_paths.py), so the cap changes the speed only. */
+/* Run-time choice between code compiled for x86-64 levels 2 (baseline), 3 (AVX2, FMA)
+ * and 4 (AVX-512): isa_copies.inc compiles a tile once for each. FF_NO_CLONES builds the
+ * baseline only. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && (__GNUC__ >= 11) && \
     !defined(FF_NO_CLONES)
+#define FF_X86_DISPATCH 1
+#else
+#define FF_X86_DISPATCH 0
+#endif
+
+/* A cap on the x86-64 level of the code copies run by the calling thread (4: none), and
+ * by the teams it starts (FF_TEAM). A one-token recurrent step runs under a cap of 3
+ * (module.c): on an Intel Xeon (family 6 model 106) a few microseconds of AVX-512
+ * arithmetic per call lower the core's clock for everything around them, and the AVX2
+ * copies ran the step faster there (docs/performance.md). The copies a step runs give the
+ * same bits at levels 3 and 4 (tests/test_isa_paths.py), so the cap changes the speed only. */
+#if FF_X86_DISPATCH
 extern __thread int ff_level_cap __attribute__((tls_model("initial-exec")));
 #define FF_LEVEL_CAP() ff_level_cap
 #define FF_LEVEL_CAP_PUSH(cap, saved)                                                      \
@@ -217,12 +226,8 @@ static inline int ff_thread_id(void)
 #endif
 }
 
-/* Run-time choice between code compiled for x86-64 levels 2 (baseline), 3 (AVX2, FMA)
- * and 4 (AVX-512): isa_copies.inc compiles a tile once for each. FF_NO_CLONES builds the
- * baseline only. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && (__GNUC__ >= 11) && \
-    !defined(FF_NO_CLONES)
-#define FF_X86_DISPATCH 1
+/* The CPU's level (FLEXFORMER_CPU_LEVEL may cap it for the whole process) */
+#if FF_X86_DISPATCH
 static inline int ff_cpu_level(void)
 {
     static int level = 0; /* written once with the same value by any thread: benign */
@@ -241,8 +246,6 @@ static inline int ff_cpu_level(void)
     }
     return level;
 }
-#else
-#define FF_X86_DISPATCH 0
 #endif
 
 /* Bytes the causal backward may spend on caching each chunk's features and weights
