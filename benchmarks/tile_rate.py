@@ -174,7 +174,8 @@ def main(argv=None) -> int:
         if build.returncode != 0:
             print(build.stderr, file=sys.stderr)
             return 2
-        run = subprocess.run([exe, str(args.offset)], capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        run = subprocess.run([exe, str(args.offset)], capture_output=True, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
         if run.returncode != 0:
             print(run.stderr, file=sys.stderr)
             return 2
@@ -193,7 +194,8 @@ def main(argv=None) -> int:
         rows.append({"product": name, "base": base, "avx2": avx2, "avx512": avx512})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
-        json.dump({"cpu": model, "level": res["level"], "offset_bytes": args.offset, "peak_gflops": peak, "gflops": rows}, fh, indent=1)
+        json.dump({"cpu": model, "level": res["level"], "offset_bytes": args.offset, "peak_gflops": peak,
+                   "gflops": rows}, fh, indent=1)
     print(f"wrote {args.out}")
     return 0
 

@@ -43,14 +43,9 @@ __thread int ff_level_cap __attribute__((tls_model("initial-exec"))) = 4;
 
 int ff_cap_thread_level(int cap)
 {
-#if FF_X86_DISPATCH
-    const int previous = ff_level_cap;
-    ff_level_cap = cap < 2 ? 2 : cap > 4 ? 4 : cap;
+    int previous;
+    FF_LEVEL_CAP_PUSH(cap < 2 ? 2 : cap > 4 ? 4 : cap, previous);
     return previous;
-#else
-    (void)cap;
-    return 4;
-#endif
 }
 
 /* The x86-64 level whose code paths the kernels run (2, 3 or 4; FLEXFORMER_CPU_LEVEL may

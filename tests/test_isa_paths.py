@@ -175,11 +175,11 @@ h = hashlib.sha256()
 for name in sorted({n.rsplit("/", 1)[0] for n in saved.files}):
     kind = name.split("/")[0]
     params = {n.rsplit("/", 1)[1][2:]: saved[n] for n in saved.files if n.startswith(name + "/p_")}
+    rec = RecurrentAttention(kind, params)
     state = LinearAttentionState(*(saved[f"{name}/{x}"] for x in "SzRM"))
     q, k, v = (saved[f"{name}/{x}"] for x in "qkv")
     for t in range(q.shape[2]):
-        h.update(RecurrentAttention(kind, params).step(state, q[:, :, t:t + 1], k[:, :, t:t + 1],
-                                                      v[:, :, t:t + 1]).tobytes())
+        h.update(rec.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]).tobytes())
     h.update(state.packed.tobytes())
 print(h.hexdigest())
 """
