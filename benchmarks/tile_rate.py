@@ -3,7 +3,8 @@
 Most of a Flexformer forward + backward is small dense products on 64-row blocks
 (``benchmarks/phases.py``: about three quarters of the time). This measures the register
 tile that runs them (csrc/gemm_tile.inc) on exactly those shapes, one thread, each
-instruction-set copy this CPU can run (baseline SSE2, AVX2 + FMA, AVX-512), beside a loop
+instruction-set copy this CPU can run (baseline SSE2, AVX2 + FMA, AVX-512 with its 8 x 2
+and 4 x 4 tiles of vectors), beside a loop
 of independent fused multiply-adds that only touches registers: the core's float32 peak for
 that vector width. A tile far below its peak points at the tile (its loads, stores,
 bookkeeping); a tile near its peak, in a forward + backward that is still far from NumPy's
@@ -128,13 +129,14 @@ int main(int argc, char **argv)
         b[i] = (float)(i % 7) / 7 - 0.5f;
         c[i] = 0;
     }
-    gemm_fn copies[3] = {gemm_base_f32, gemm_avx2_f32, gemm_avx512_f32};
+    gemm_fn copies[4] = {gemm_base_f32, gemm_avx2_f32, gemm_avx512_f32, gemm_avx512_4x4_f32};
+    const int needs[4] = {2, 3, 4, 4}; /* the kernel ISA level each copy needs */
     printf("{\"level\": %d, \"peak\": {\"avx2\": %.2f", level, level >= 3 ? peak_avx2() : 0.0);
     printf(", \"avx512\": %.2f}, \"rates\": [", level >= 4 ? peak_avx512() : 0.0);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
         printf(s ? ", [" : "[");
-        for (int k = 0; k < 3; ++k) {
-            const double r = k + 2 <= level ? rate(copies[k], shapes[s].M, shapes[s].N,
+        for (int k = 0; k < 4; ++k) {
+            const double r = needs[k] <= level ? rate(copies[k], shapes[s].M, shapes[s].N,
                                                    shapes[s].K, shapes[s].a_rs, shapes[s].a_cs,
                                                    shapes[s].b_rs, shapes[s].acc, a, b, c)
                                             : 0.0;
@@ -185,13 +187,16 @@ def main(argv=None) -> int:
     print(f"{model}, kernel ISA level {res['level']}, one thread, operands {args.offset} bytes into a "
           f"64-byte line; float32 FMA peak in registers: "
           f"AVX2 {peak['avx2']:.1f}, AVX-512 {peak['avx512']:.1f} GFLOP/s")
-    print(f"{'product (per 64-row block)':52s} {'base':>7s} {'AVX2':>13s} {'AVX-512':>13s}")
+    print(f"{'product (per 64-row block)':52s} {'base':>7s} {'AVX2':>13s} {'AVX-512 8x2':>13s} "
+          f"{'AVX-512 4x4':>13s}")
     rows = []
-    for (name, *_), (base, avx2, avx512) in zip(SHAPES, res["rates"]):
+    for (name, *_), (base, avx2, avx512, avx512_4x4) in zip(SHAPES, res["rates"]):
         def cell(r, pk):
             return f"{r:6.1f} ({100 * r / pk:3.0f}%)" if r and pk else f"{'-':>13s}"
-        print(f"{name:52s} {base:7.1f} {cell(avx2, peak['avx2'])} {cell(avx512, peak['avx512'])}")
-        rows.append({"product": name, "base": base, "avx2": avx2, "avx512": avx512})
+        print(f"{name:52s} {base:7.1f} {cell(avx2, peak['avx2'])} {cell(avx512, peak['avx512'])} "
+              f"{cell(avx512_4x4, peak['avx512'])}")
+        rows.append({"product": name, "base": base, "avx2": avx2, "avx512": avx512,
+                     "avx512_4x4": avx512_4x4})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"cpu": model, "level": res["level"], "offset_bytes": args.offset, "peak_gflops": peak,

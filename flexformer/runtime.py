@@ -218,10 +218,11 @@ def isa_level() -> int:
 def dense_paths(dtype=np.float32) -> dict:
     """The code copies that run the kernels' dense products and their row dots (a matrix
     times one vector: a recurrent step's projections) for ``dtype``: ``"avx512"``,
-    ``"avx2"``, ``"base"`` or ``"plain"``. At level 4 the products have an AVX-512 and an
-    AVX2 copy; the first product in a process times both on blocks of the kernels' shapes
-    and keeps the faster (the two give bit-identical results); ``FLEXFORMER_TILES=avx2`` or
-    ``avx512`` decides instead. Benchmarks print it beside their timings.
+    ``"avx512_4x4"``, ``"avx2"``, ``"base"`` or ``"plain"``. At level 4 the products have
+    two AVX-512 copies (an 8 x 2 and a 4 x 4 tile of vectors) and an AVX2 copy; the first
+    product in a process times the three on blocks of the kernels' shapes and keeps the
+    fastest (all give bit-identical results); ``FLEXFORMER_TILES=avx2``, ``avx512`` or
+    ``avx512_4x4`` decides instead. Benchmarks print it beside their timings.
 
     Parameters
     ----------
@@ -252,7 +253,8 @@ def dense_paths(dtype=np.float32) -> dict:
         name = "plain" if copies == -1 else "base"
         return {"products": name, "row_dots": name}
     narrow = "avx2" if isa_level() >= 3 else "base"
-    return {"products": "avx512" if copies else narrow, "row_dots": narrow}
+    products = {0: narrow, 1: "avx512", 2: "avx512_4x4"}[copies]
+    return {"products": products, "row_dots": narrow}
 
 
 _budget_from_environment("FLEXFORMER_BUFFER_CACHE_MIB", set_buffer_cache)

@@ -4,8 +4,8 @@ convolution and the bidirectional core's row passes) gives the same results.
 The products include the few-row projection and a recurrent step's one-column and rank-1 paths.
 
 The kernels pick AVX-512, AVX2 or baseline code at run time; FLEXFORMER_CPU_LEVEL caps
-that choice (and FLEXFORMER_TILES picks between the AVX-512 and AVX2 product copies at
-level 4), so each path this machine can run is checked in a subprocess against the
+that choice (and FLEXFORMER_TILES picks among the two AVX-512 and the AVX2 product
+copies at level 4), so each path this machine can run is checked in a subprocess against the
 float64 quadratic reference."""
 import os
 import subprocess
@@ -99,7 +99,8 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("level,tiles", [("2", ""), ("3", ""), ("4", "avx2"), ("4", "avx512")])
+@pytest.mark.parametrize("level,tiles", [
+    ("2", ""), ("3", ""), ("4", "avx2"), ("4", "avx512"), ("4", "avx512_4x4")])
 def test_instruction_set_path(level, tiles):
     env = dict(os.environ, FLEXFORMER_CPU_LEVEL=level, FLEXFORMER_TILES=tiles)
     out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True)
@@ -117,7 +118,7 @@ h = hashlib.sha256()
 for dtype in (np.float32, np.float64):
     q, k, v, do = (rng.standard_normal((2, 3, 133, 37)).astype(dtype) * 0.5 for _ in range(4))
     o1, o2, tau = ff.init.flex_n_params(3, 19, 37, rng=1, dtype=dtype)
-    w = ff.init.flex_s_omega(3, 19, 37, rng=2, dtype=dtype)
+    w = ff.init.flex_s_omega(3, 70, 37, rng=2, dtype=dtype)  # 140 columns: whole tiles too
     for causal in (False, True):
         for f, g, p in ((ff.flex_n_attention, ff.flex_n_attention_backward, (o1, o2, tau)),
                         (ff.flex_s_attention, ff.flex_s_attention_backward, (w,))):
@@ -134,22 +135,24 @@ print(ff.dense_paths()["products"], h.hexdigest())
 
 
 def test_product_copies_give_bit_identical_results():
-    """Level 4 times its AVX-512 and AVX2 product copies once and runs the faster: the choice
-    must not change a single bit of any result (FLEXFORMER_TILES forces either)."""
+    """Level 4 times its two AVX-512 and its AVX2 product copies once and runs the fastest:
+    the choice must not change a single bit of any result (FLEXFORMER_TILES forces each)."""
     import flexformer as ff
 
     if ff.isa_level() < 4:
         pytest.skip("this CPU has no AVX-512: one product copy only")
     got = {}
-    for tiles in ("avx2", "avx512", ""):
+    copies = ("avx2", "avx512", "avx512_4x4")
+    for tiles in copies + ("",):
         env = dict(os.environ, FLEXFORMER_TILES=tiles)
         env.pop("FLEXFORMER_CPU_LEVEL", None)
         out = subprocess.run([sys.executable, "-c", RESULTS], env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         got[tiles] = out.stdout.split()
-    assert got["avx2"][0] == "avx2" and got["avx512"][0] == "avx512"
-    assert got[""][0] in ("avx2", "avx512")  # the timed choice
-    assert got["avx2"][1] == got["avx512"][1] == got[""][1]
+    for tiles in copies:
+        assert got[tiles][0] == tiles
+    assert got[""][0] in copies  # the timed choice
+    assert len({got[tiles][1] for tiles in got}) == 1, got
 
 
 def test_dense_paths_names_and_bad_dtype():
@@ -160,7 +163,7 @@ def test_dense_paths_names_and_bad_dtype():
     for dtype in (np.float32, np.float64):
         paths = ff.dense_paths(dtype)
         assert set(paths) == {"products", "row_dots"}
-        assert paths["products"] in ("avx512", "avx2", "base", "plain")
+        assert paths["products"] in ("avx512", "avx512_4x4", "avx2", "base", "plain")
         assert paths["row_dots"] in ("avx2", "base", "plain")
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
         ff.dense_paths(np.int32)
