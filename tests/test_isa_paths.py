@@ -130,6 +130,25 @@ for dtype in (np.float32, np.float64):
     h.update(out.tobytes())
     for t in range(100, 104):
         h.update(rec.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]).tobytes())
+# rows of 64 values on a cache line are read in place, rows off a line are first copied
+# (gemm_tile.inc): the same bits either way
+def at_offset(a, offset):
+    buf = np.empty(a.size + 16, a.dtype)
+    start = (-buf.ctypes.data % 64 + offset) // a.itemsize
+    out = buf[start:start + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == offset
+    return out
+x4 = [(rng.standard_normal((1, 2, 130, 64)) * 0.5).astype(np.float32) for _ in range(4)]
+o1, o2, tau = ff.init.flex_n_params(2, 64, 64, rng=5, dtype=np.float32)
+runs = []
+for offset in (0, 16):
+    q, k, v, do = (at_offset(a, offset) for a in x4)
+    p = [at_offset(a, offset) for a in (o1, o2)] + [tau]
+    runs.append([ff.flex_n_attention(q, k, v, *p).tobytes()] +
+                [g.tobytes() for g in ff.flex_n_attention_backward(do, q, k, v, *p)])
+assert runs[0] == runs[1], "rows on and off a cache line differ"
+h.update(b"".join(runs[0]))
 print(ff.dense_paths()["products"], h.hexdigest())
 """
 
