@@ -9,11 +9,11 @@ and projections) is called alternately, A B, B A, A B, ...: a slow stretch falls
 calls of a pair. The ratio reported is the median over pairs of B's time / A's, with its
 interquartile range; an A/A run (the same checkout twice) reads 1.00 within about 1%. Two
 different builds can read up to about 1.5% apart when swapped (on a Zen 4, 2026-12-06: both
-orders of one pair of builds read "B faster"), so run it twice with the checkouts swapped,
-and take a difference below about 2% as noise.
+orders of one pair of builds read "B faster"), so run it in both orders (--both-orders: a
+second process with the checkouts swapped), and take a difference below about 2% as noise.
 
     python benchmarks/ab_builds.py CHECKOUT_A CHECKOUT_B [--kinds flex_n flex_s] [--pairs 100]
-                                   [--seq-len 4096] [--threads 2]
+                                   [--seq-len 4096] [--threads 2] [--both-orders]
 
 Each checkout must have its extension built in place (``python setup.py build_ext
 --inplace``). B = 8 heads, d = e = m = 64, float32, seed 0.
@@ -24,6 +24,7 @@ import argparse
 import importlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=100)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--both-orders", action="store_true",
+                    help="then run again in a fresh process with the checkouts swapped (B as A)")
     args = ap.parse_args(argv)
     if args.pairs < 4:
         ap.error("--pairs must be at least 4")
@@ -98,6 +101,12 @@ def main(argv=None) -> int:
             r = compare(training_step(build_a, kind, inputs), training_step(build_b, kind, inputs), args.pairs)
             print(f"{kind}: A {r['a_ms']:.2f} ms, B {r['b_ms']:.2f} ms (medians); B / A per pair: median "
                   f"{r['ratio']:.3f}, interquartile {r['q1']:.3f}-{r['q3']:.3f}")
+    if args.both_orders:
+        # the second order in its own process: which build loads first is part of the order
+        swapped = [args.checkout_b, args.checkout_a, "--kinds", *args.kinds, "--pairs", str(args.pairs),
+                   "--seq-len", str(args.seq_len), "--threads", str(args.threads)]
+        sys.stdout.flush()
+        return subprocess.run([sys.executable, os.path.abspath(__file__), *swapped]).returncode
     return 0
 
 

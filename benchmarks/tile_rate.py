@@ -63,7 +63,7 @@ static double now(void)
 typedef void (*gemm_fn)(float *, const float *, size_t, size_t, const float *, size_t, size_t,
                         size_t, size_t, size_t, int);
 
-/* best of 5 timed runs of about 0.2 GFLOP each, in GFLOP/s */
+/* best of 5 timed runs of about 0.2 GFLOP each, in GFLOP/s (main keeps the best of its rounds) */
 static double rate(gemm_fn g, size_t M, size_t N, size_t K, size_t a_rs, size_t a_cs,
                    size_t b_rs, int acc, float *a, float *b, float *c)
 {
@@ -131,17 +131,26 @@ int main(int argc, char **argv)
     }
     gemm_fn copies[4] = {gemm_base_f32, gemm_avx2_f32, gemm_avx512_f32, gemm_avx512_4x4_f32};
     const int needs[4] = {2, 3, 4, 4}; /* the kernel ISA level each copy needs */
+    enum { NS = sizeof shapes / sizeof shapes[0], ROUNDS = 3 };
+    /* every (shape, copy) cell once per round, the best round kept: a slow spell of the host
+     * then costs one round of many cells, not every run of the cell it falls on */
+    double best[NS][4] = {{0}};
+    for (int round = 0; round < ROUNDS; ++round)
+        for (size_t s = 0; s < NS; ++s)
+            for (int k = 0; k < 4; ++k) {
+                const double r = needs[k] <= level ? rate(copies[k], shapes[s].M, shapes[s].N,
+                                                       shapes[s].K, shapes[s].a_rs, shapes[s].a_cs,
+                                                       shapes[s].b_rs, shapes[s].acc, a, b, c)
+                                                : 0.0;
+                if (r > best[s][k])
+                    best[s][k] = r;
+            }
     printf("{\"level\": %d, \"peak\": {\"avx2\": %.2f", level, level >= 3 ? peak_avx2() : 0.0);
     printf(", \"avx512\": %.2f}, \"rates\": [", level >= 4 ? peak_avx512() : 0.0);
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+    for (size_t s = 0; s < NS; ++s) {
         printf(s ? ", [" : "[");
-        for (int k = 0; k < 4; ++k) {
-            const double r = needs[k] <= level ? rate(copies[k], shapes[s].M, shapes[s].N,
-                                                   shapes[s].K, shapes[s].a_rs, shapes[s].a_cs,
-                                                   shapes[s].b_rs, shapes[s].acc, a, b, c)
-                                            : 0.0;
-            printf(k ? ", %.2f" : "%.2f", r);
-        }
+        for (int k = 0; k < 4; ++k)
+            printf(k ? ", %.2f" : "%.2f", best[s][k]);
         printf("]");
     }
     printf("]}\n");

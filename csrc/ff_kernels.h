@@ -22,7 +22,8 @@ int ff_isa_level(void);
 /* Cap the level of the code copies the calling thread (and the teams it starts) runs at
  * cap (2, 3 or 4: no cap); returns the cap it replaces. Speed only: see ff_common.h. */
 int ff_cap_thread_level(int cap);
-int ff_wide_copies(int use_double);
+/* the copy that runs the dense products: "avx512", "avx512_4x4", "avx2", "base" or "plain" */
+const char *ff_product_copy(int use_double);
 int ff_max_threads(void);
 
 /* One attention call in a kind-independent form; arrays are float or double by the

@@ -59,18 +59,21 @@ int ff_isa_level(void)
 #endif
 }
 
-/* Which copy runs the dense products for a dtype (dense.inc): 1 AVX-512 (8 x 2 tile),
- * 2 AVX-512 (4 x 4 tile), 0 the one its level implies (timed once on first use at level 4);
- * -1 the plain loops (FF_PLAIN_DENSE), -2 the baseline copy only (no run-time dispatch). */
-int ff_wide_copies(int use_double)
+/* The name of the copy that runs the dense products for a dtype (dense.inc): at level 4 one
+ * of ff_products_names (timed once on first use, or FLEXFORMER_TILES), else "avx2" or
+ * "base" as the level implies; "plain" for the plain loops (FF_PLAIN_DENSE), "base" without
+ * run-time dispatch. */
+const char *ff_product_copy(int use_double)
 {
     (void)use_double;
 #if !defined(__GNUC__) || defined(FF_PLAIN_DENSE)
-    return -1;
+    return "plain";
 #elif FF_X86_DISPATCH
-    return use_double ? wide_copies_f64() : wide_copies_f32();
+    if (ff_cpu_level() < 3)
+        return "base";
+    return ff_products_names[use_double ? wide_copies_f64() : wide_copies_f32()];
 #else
-    return -2;
+    return "base";
 #endif
 }
 

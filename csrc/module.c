@@ -1396,16 +1396,16 @@ static PyObject *py_causal_cache_limit(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(ff_causal_cache_bytes());
 }
 
-/* dense_copies(use_double): ff_wide_copies (calibrates on first use) */
+/* dense_copies(use_double): the name of the products' copy (times the copies on first use) */
 static PyObject *py_dense_copies(PyObject *self, PyObject *arg)
 {
     (void)self;
     const int use_double = PyObject_IsTrue(arg);
     if (use_double < 0)
         return NULL;
-    int copies;
-    Py_BEGIN_ALLOW_THREADS copies = ff_wide_copies(use_double);
-    Py_END_ALLOW_THREADS return PyLong_FromLong(copies);
+    const char *name;
+    Py_BEGIN_ALLOW_THREADS name = ff_product_copy(use_double);
+    Py_END_ALLOW_THREADS return PyUnicode_FromString(name);
 }
 
 static PyObject *py_isa_level(PyObject *self, PyObject *noargs)
@@ -1467,8 +1467,8 @@ static PyMethodDef methods[] = {
     {"set_buffer_cache", py_set_buffer_cache, METH_O, "bound on the block cache in MiB (0: off)"},
     {"buffer_cache_info", py_buffer_cache_info, METH_NOARGS, "the block cache's counters"},
     {"set_causal_cache", py_set_causal_cache, METH_O, "the causal backward's chunk-cache budget in MiB (0: off)"},
-    {"dense_copies", py_dense_copies, METH_O, "dense_copies(use_double): 1 when the AVX-512 product copy "
-     "runs (chosen by timing at level 4), 0 the level's own, -1 plain loops, -2 no dispatch"},
+    {"dense_copies", py_dense_copies, METH_O, "dense_copies(use_double): the name of the copy that runs the "
+     "dense products (avx512, avx512_4x4, avx2, base or plain; timed on first use at level 4)"},
     {"isa_level", py_isa_level, METH_NOARGS, "x86-64 level of the code paths in use (0: no dispatch)"},
     {"all_finite", py_all_finite, METH_O, "all_finite(a): whether a C-contiguous float array is all finite "
      "(None for other arrays)"},

@@ -248,13 +248,10 @@ def dense_paths(dtype=np.float32) -> dict:
     dt = np.dtype(dtype)
     if dt not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    copies = int(_C.dense_copies(dt == np.float64))
-    if copies < 0:  # -1: the plain loops (FF_PLAIN_DENSE build), -2: no run-time dispatch
-        name = "plain" if copies == -1 else "base"
-        return {"products": name, "row_dots": name}
-    narrow = "avx2" if isa_level() >= 3 else "base"
-    products = {0: narrow, 1: "avx512", 2: "avx512_4x4"}[copies]
-    return {"products": products, "row_dots": narrow}
+    products = _C.dense_copies(dt == np.float64)
+    # the row dots have no AVX-512 copy: AVX2 at most
+    row_dots = products if products in ("plain", "base") else "avx2"
+    return {"products": products, "row_dots": row_dots}
 
 
 _budget_from_environment("FLEXFORMER_BUFFER_CACHE_MIB", set_buffer_cache)
