@@ -96,7 +96,8 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         inputs = [(0.3 * rng.standard_normal((1, HEADS, args.seq_len, DIM))).astype(np.float32) for _ in range(4)]
         print(f"A = {args.checkout_a}, B = {args.checkout_b}; N = {args.seq_len}, {args.threads} threads, "
-              f"{args.pairs} pairs, kernel ISA level {build_a.isa_level()}")
+              f"{args.pairs} pairs, kernel ISA level {build_a.isa_level()}; products: A "
+              f"{build_a.dense_paths()['products']}, B {build_b.dense_paths()['products']}")
         for kind in args.kinds:
             r = compare(training_step(build_a, kind, inputs), training_step(build_b, kind, inputs), args.pairs)
             print(f"{kind}: A {r['a_ms']:.2f} ms, B {r['b_ms']:.2f} ms (medians); B / A per pair: median "

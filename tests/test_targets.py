@@ -45,6 +45,20 @@ def test_ratio_cells_hold_at_the_threshold_and_miss_below():
     assert all(cells[f"{k} {m} N=16384"]["holds"] is None for k in ("flex_n", "flex_s") for m in ("bidir", "causal"))
 
 
+def test_margin_cells_need_the_median_and_every_round():
+    # attention_record's rounds are 0.9x, 1x and 1.1x the median
+    ratios = {("torch_compile_", "flex_n", "bidir"): 1.8, ("torch_compile_", "flex_s", "bidir"): 1.79}
+    cells = by_case(targets.evaluate({"compile-4096": attention_record(4096, ratios)}), "every round")
+    assert cells["flex_n"]["holds"] is True and cells["flex_n"]["detail"] == "rounds 1.62-1.98x"
+    assert cells["flex_s"]["holds"] is False
+    rec = attention_record(4096, {("torch_compile_", "flex_n", "bidir"): 2.0})
+    rec["ratios"]["torch_compile_flex_n/ff_flex_n fwd+bwd bidir N=4096 per round"] = [1.49, 2.0, 2.5]
+    cells = by_case(targets.evaluate({"compile-4096": rec}), "every round")
+    assert cells["flex_n"]["holds"] is False  # one round below 1.5x
+    assert cells["flex_s"]["holds"] is None
+    assert by_case(targets.evaluate({}), "every round")["flex_n"]["holds"] is None
+
+
 def test_eager_cells_read_the_eager_peers_only():
     rec = attention_record(4096, {("torch_compile_", "flex_n", "bidir"): 3.0, ("torch_", "flex_n", "bidir"): 1.9})
     cells = by_case(targets.evaluate({"eager-4096": rec}), "eager")
