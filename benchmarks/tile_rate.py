@@ -134,8 +134,13 @@ int main(int argc, char **argv)
     enum { NS = sizeof shapes / sizeof shapes[0], ROUNDS = 3 };
     /* every (shape, copy) cell once per round, the best round kept: a slow spell of the host
      * then costs one round of many cells, not every run of the cell it falls on */
-    double best[NS][4] = {{0}};
-    for (int round = 0; round < ROUNDS; ++round)
+    double best[NS][4] = {{0}}, peak2 = 0, peak4 = 0;
+    for (int round = 0; round < ROUNDS; ++round) {
+        /* the peaks are timed in every round too, so that a cell and its peak share the host's
+         * quieter spells */
+        const double p2 = level >= 3 ? peak_avx2() : 0.0, p4 = level >= 4 ? peak_avx512() : 0.0;
+        peak2 = p2 > peak2 ? p2 : peak2;
+        peak4 = p4 > peak4 ? p4 : peak4;
         for (size_t s = 0; s < NS; ++s)
             for (int k = 0; k < 4; ++k) {
                 const double r = needs[k] <= level ? rate(copies[k], shapes[s].M, shapes[s].N,
@@ -145,8 +150,9 @@ int main(int argc, char **argv)
                 if (r > best[s][k])
                     best[s][k] = r;
             }
-    printf("{\"level\": %d, \"peak\": {\"avx2\": %.2f", level, level >= 3 ? peak_avx2() : 0.0);
-    printf(", \"avx512\": %.2f}, \"rates\": [", level >= 4 ? peak_avx512() : 0.0);
+    }
+    printf("{\"level\": %d, \"peak\": {\"avx2\": %.2f", level, peak2);
+    printf(", \"avx512\": %.2f}, \"rates\": [", peak4);
     for (size_t s = 0; s < NS; ++s) {
         printf(s ? ", [" : "[");
         for (int k = 0; k < 4; ++k)
