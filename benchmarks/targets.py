@@ -64,20 +64,29 @@ def _cell(target: str, case: str, measured, threshold: float, holds, unit: str, 
             "holds": holds, "unit": unit, "detail": detail}
 
 
+def _ratio(record, peer_prefix: str, kind: str, mode: str, N: int):
+    """The peer's time over ours for one case of an attention.py record, and its rounds
+    (None, None when the record lacks the case; rounds None when it kept none)."""
+    ratios = (record or {}).get("ratios", {})
+    key = f"{peer_prefix}{kind}/ff_{kind} fwd+bwd {mode} N={N}"
+    return ratios.get(key), ratios.get(key + " per round")
+
+
+def _rounds_detail(rounds) -> str:
+    return f"rounds {min(rounds):.2f}-{max(rounds):.2f}x" if rounds else ""
+
+
 def _ratio_cells(record, target: str, peer_prefix: str, threshold: float, N: int) -> list:
     """One cell per kind and mode: the peer's time over ours at size N, from an attention.py record."""
     cells = []
     for kind in KINDS:
         for mode in MODES:
             case = f"{kind} {mode} N={N}"
-            key = f"{peer_prefix}{kind}/ff_{kind} fwd+bwd {mode} N={N}"
-            ratio = (record or {}).get("ratios", {}).get(key)
+            ratio, rounds = _ratio(record, peer_prefix, kind, mode, N)
             if ratio is None:
                 cells.append(_cell(target, case, None, threshold, None, "x", "not measured in this run"))
                 continue
-            rounds = record["ratios"].get(key + " per round")
-            detail = f"rounds {min(rounds):.2f}-{max(rounds):.2f}x" if rounds else ""
-            cells.append(_cell(target, case, ratio, threshold, ratio >= threshold, "x", detail))
+            cells.append(_cell(target, case, ratio, threshold, ratio >= threshold, "x", _rounds_detail(rounds)))
     return cells
 
 
@@ -88,15 +97,12 @@ def _margin_cells(record) -> list:
               f"every round >= {MARGIN_FLOOR:g}x")
     cells = []
     for kind in KINDS:
-        key = f"torch_compile_{kind}/ff_{kind} fwd+bwd bidir N=4096"
-        ratio = (record or {}).get("ratios", {}).get(key)
-        rounds = (record or {}).get("ratios", {}).get(key + " per round")
+        ratio, rounds = _ratio(record, "torch_compile_", kind, "bidir", 4096)
         if ratio is None or not rounds:
             cells.append(_cell(target, kind, None, MARGIN_RATIO, None, "x", "not measured in this run"))
             continue
         holds = ratio >= MARGIN_RATIO and min(rounds) >= MARGIN_FLOOR
-        cells.append(_cell(target, kind, ratio, MARGIN_RATIO, holds, "x",
-                           f"rounds {min(rounds):.2f}-{max(rounds):.2f}x"))
+        cells.append(_cell(target, kind, ratio, MARGIN_RATIO, holds, "x", _rounds_detail(rounds)))
     return cells
 
 

@@ -133,7 +133,7 @@ for dtype in (np.float32, np.float64):
 # rows of 64 values on a cache line are read in place, rows off a line are first copied
 # (gemm_tile.inc): the same bits either way
 def at_offset(a, offset):
-    buf = np.empty(a.size + 16, a.dtype)
+    buf = np.empty(a.size + 128 // a.itemsize, a.dtype)  # room to reach any offset in a line
     start = (-buf.ctypes.data % 64 + offset) // a.itemsize
     out = buf[start:start + a.size].reshape(a.shape)
     out[...] = a
