@@ -74,7 +74,20 @@ def compare(step_a, step_b, pairs: int) -> dict:
             "q1": ratios[len(ratios) // 4], "q3": ratios[(3 * len(ratios)) // 4]}
 
 
-def main(argv=None) -> int:
+def option_args(args: argparse.Namespace, skip) -> list:
+    """The command-line options that give ``args`` again (every option but those in skip),
+    so that a new option reaches the second order's process without being listed here."""
+    out = []
+    for dest, value in vars(args).items():
+        if dest in skip or value is None or value is False:
+            continue
+        out.append("--" + dest.replace("_", "-"))
+        if value is not True:
+            out += [str(x) for x in value] if isinstance(value, list) else [str(value)]
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkout_a")
     ap.add_argument("checkout_b")
@@ -84,6 +97,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--both-orders", action="store_true",
                     help="then run again in a fresh process with the checkouts swapped (B as A)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.pairs < 4:
         ap.error("--pairs must be at least 4")
@@ -104,8 +122,7 @@ def main(argv=None) -> int:
                   f"{r['ratio']:.3f}, interquartile {r['q1']:.3f}-{r['q3']:.3f}")
     if args.both_orders:
         # the second order in its own process: which build loads first is part of the order
-        swapped = [args.checkout_b, args.checkout_a, "--kinds", *args.kinds, "--pairs", str(args.pairs),
-                   "--seq-len", str(args.seq_len), "--threads", str(args.threads)]
+        swapped = [args.checkout_b, args.checkout_a, *option_args(args, skip=("checkout_a", "checkout_b", "both_orders"))]
         sys.stdout.flush()
         return subprocess.run([sys.executable, os.path.abspath(__file__), *swapped]).returncode
     return 0
