@@ -14,6 +14,11 @@ second process with the checkouts swapped), and take a difference below about 2%
 
     python benchmarks/ab_builds.py CHECKOUT_A CHECKOUT_B [--kinds flex_n flex_s] [--pairs 100]
                                    [--seq-len 4096] [--threads 2] [--both-orders]
+    python benchmarks/ab_builds.py CHECKOUT_A CHECKOUT_B --decode --threads 1 --pairs 200
+
+With --decode the calls are one-token recurrent steps instead (a call: 100 steps of one
+layer continuing a 256-token state, as benchmarks/decode.py times them), reported in
+microseconds per token.
 
 Each checkout must have its extension built in place (``python setup.py build_ext
 --inplace``). B = 8 heads, d = e = m = 64, float32, seed 0.
@@ -58,6 +63,25 @@ def training_step(ff, kind: str, inputs):
     return step
 
 
+DECODE_CONTEXT, DECODE_TOKENS = 256, 100  # --decode: the prefilled context, steps per timed call
+
+
+def decode_steps(ff, kind: str, tokens, prefix):
+    """DECODE_TOKENS one-token recurrent steps of one layer (decode.py's layer: the kind's
+    initial parameters), continuing a state prefilled with DECODE_CONTEXT tokens; each call
+    of the returned function steps through the same tokens again from where it is."""
+    spec = ff.get_attention(kind)
+    params = spec.init(HEADS, DIM, num_features=DIM, rng=1, dtype=np.float32)
+    recurrent = importlib.import_module(ff.__name__ + ".recurrent").RecurrentAttention(kind, params)
+    state = recurrent.prefill(*prefix)[1]
+
+    def steps():
+        for q, k, v in tokens:
+            recurrent.step(state, q, k, v)
+
+    return steps
+
+
 def compare(step_a, step_b, pairs: int) -> dict:
     for _ in range(3):  # warm-up: buffers, thread pool, the product tile's calibration
         step_a()
@@ -95,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pairs", type=int, default=100)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode", action="store_true",
+                    help=f"time one-token recurrent steps instead (B = 1, a {DECODE_CONTEXT}-token context, "
+                         f"{DECODE_TOKENS} steps per call; --seq-len unused): microseconds per token")
     ap.add_argument("--both-orders", action="store_true",
                     help="then run again in a fresh process with the checkouts swapped (B as A)")
     return ap
@@ -112,14 +139,24 @@ def main(argv=None) -> int:
         for build in (build_a, build_b):
             build.set_num_threads(args.threads)
         rng = np.random.default_rng(0)
-        inputs = [(0.3 * rng.standard_normal((1, HEADS, args.seq_len, DIM))).astype(np.float32) for _ in range(4)]
-        print(f"A = {args.checkout_a}, B = {args.checkout_b}; N = {args.seq_len}, {args.threads} threads, "
+        if args.decode:
+            def rows(n):
+                return (0.5 * rng.standard_normal((1, HEADS, n, DIM))).astype(np.float32)
+            prefix = [rows(DECODE_CONTEXT) for _ in range(3)]
+            tokens = [tuple(rows(1) for _ in range(3)) for _ in range(DECODE_TOKENS)]
+            what, unit, scale = f"one-token steps after {DECODE_CONTEXT}", "us per token", 1e3 / DECODE_TOKENS
+            make = {kind: [decode_steps(b, kind, tokens, prefix) for b in (build_a, build_b)] for kind in args.kinds}
+        else:
+            inputs = [(0.3 * rng.standard_normal((1, HEADS, args.seq_len, DIM))).astype(np.float32) for _ in range(4)]
+            what, unit, scale = f"N = {args.seq_len}", "ms", 1.0
+            make = {kind: [training_step(b, kind, inputs) for b in (build_a, build_b)] for kind in args.kinds}
+        print(f"A = {args.checkout_a}, B = {args.checkout_b}; {what}, {args.threads} thread{'s' if args.threads != 1 else ''}, "
               f"{args.pairs} pairs, kernel ISA level {build_a.isa_level()}; products: A "
               f"{build_a.dense_paths()['products']}, B {build_b.dense_paths()['products']}")
         for kind in args.kinds:
-            r = compare(training_step(build_a, kind, inputs), training_step(build_b, kind, inputs), args.pairs)
-            print(f"{kind}: A {r['a_ms']:.2f} ms, B {r['b_ms']:.2f} ms (medians); B / A per pair: median "
-                  f"{r['ratio']:.3f}, interquartile {r['q1']:.3f}-{r['q3']:.3f}")
+            r = compare(*make[kind], args.pairs)
+            print(f"{kind}: A {r['a_ms'] * scale:.2f} {unit}, B {r['b_ms'] * scale:.2f} {unit} (medians); B / A "
+                  f"per pair: median {r['ratio']:.3f}, interquartile {r['q1']:.3f}-{r['q3']:.3f}")
     if args.both_orders:
         # the second order in its own process: which build loads first is part of the order
         swapped = [args.checkout_b, args.checkout_a, *option_args(args, skip=("checkout_a", "checkout_b", "both_orders"))]
