@@ -48,12 +48,18 @@ def load(checkout: str, name: str, folder: str):
     return importlib.import_module(name)
 
 
+def layer(ff, kind: str):
+    """The kind's registry entry and its initial parameters for one layer (seed 1), the
+    same for both builds and both modes."""
+    spec = ff.get_attention(kind)
+    return spec, spec.init(HEADS, DIM, num_features=DIM, rng=1, dtype=np.float32)
+
+
 def training_step(ff, kind: str, inputs):
     """The forward + backward of one bidirectional layer call, as the layers run it (the
     kind's registry entry: its initial parameters, forward and backward)."""
     q, k, v, dout = inputs
-    spec = ff.get_attention(kind)
-    params = spec.init(HEADS, DIM, num_features=DIM, rng=1, dtype=np.float32)
+    spec, params = layer(ff, kind)
 
     def step():
         _, key_state, kept = spec.forward(q, k, v, params, return_key_state=True,
@@ -70,8 +76,7 @@ def decode_steps(ff, kind: str, tokens, prefix):
     """DECODE_TOKENS one-token recurrent steps of one layer (decode.py's layer: the kind's
     initial parameters), continuing a state prefilled with DECODE_CONTEXT tokens; each call
     of the returned function steps through the same tokens again from where it is."""
-    spec = ff.get_attention(kind)
-    params = spec.init(HEADS, DIM, num_features=DIM, rng=1, dtype=np.float32)
+    params = layer(ff, kind)[1]
     recurrent = importlib.import_module(ff.__name__ + ".recurrent").RecurrentAttention(kind, params)
     state = recurrent.prefill(*prefix)[1]
 
