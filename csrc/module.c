@@ -843,20 +843,21 @@ static const char *const OPTION_NAMES[OPT_COUNT] = {
     "state", "scale", "report_finite"};
 
 enum { MAX_ARRAYS = 7, MAX_SLOTS = MAX_ARRAYS + OPT_COUNT };
-_Static_assert(MAX_SLOTS == 17, "attn_entry hands the parser 17 slots");
+_Static_assert(MAX_SLOTS == 17, "parse_slow hands the parser 17 slots");
 
 /* An entry's arguments for PyArg_ParseTupleAndKeywords, built once at import from OPS: the
  * arrays ([dout,] q, k, v, parameters: positional or by name), then the options it takes
  * (by name only), and the format "OOOO|$OO...:<kind>_<direction>". */
 typedef struct {
     char *kwlist[MAX_SLOTS + 1];
+    PyObject *names[MAX_SLOTS]; /* kwlist as interned str, for parse_fast (never freed) */
     enum entry_option options[OPT_COUNT];
     int narrays, noptions;
     char format[MAX_SLOTS + 48];
 } entry_signature;
 static entry_signature SIGNATURES[OP_COUNT][2];
 
-static void build_signatures(void)
+static int build_signatures(void)
 {
     static const char *const kind_names[] = {
 #define X(name, ...) #name,
@@ -904,22 +905,98 @@ static void build_signatures(void)
                 *f++ = 'O';
             snprintf(f, sizeof sig->format - (size_t)(f - sig->format), ":%s_%s", kind_names[op],
                      backward ? "backward" : "forward");
+            for (int i = 0; i < n; ++i)
+                if (!(sig->names[i] = PyUnicode_InternFromString(sig->kwlist[i])))
+                    return -1;
         }
+    return 0;
+}
+
+/* The usual call, a decoding step's included: at most the arrays by position, then names
+ * the caller's code spelled out (interned, so one pointer comparison each) for slots not
+ * yet filled, every array given. 1 when slot[] is filled so; 0 for anything else (an
+ * unknown or repeated name, a str built at run time, too many or too few arguments), which
+ * parse_slow then decides, with CPython's own messages. A step's arguments cost about a
+ * microsecond through parse_slow alone (a dict of the keywords, then a str made and hashed
+ * per name looked up). */
+static int parse_fast(const entry_signature *sig, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames, PyObject **slot)
+{
+    const int nslots = sig->narrays + sig->noptions;
+    if (nargs > sig->narrays)
+        return 0;
+    for (Py_ssize_t i = 0; i < nargs; ++i)
+        slot[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; ++j) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int s = (int)nargs;
+        while (s < nslots && sig->names[s] != key)
+            ++s;
+        if (s == nslots || slot[s])
+            return 0;
+        slot[s] = args[nargs + j];
+    }
+    for (int i = 0; i < sig->narrays; ++i)
+        if (!slot[i])
+            return 0;
+    return 1;
+}
+
+/* The arguments as a tuple and a dict through PyArg_ParseTupleAndKeywords (its messages
+ * for every mistake); slot[] then borrows from *tuple and *dict, which the caller releases
+ * after the call. 0, or -1 with the exception set. */
+static int parse_slow(const entry_signature *sig, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames, PyObject **slot, PyObject **tuple, PyObject **dict)
+{
+    if (!(*tuple = PyTuple_New(nargs)))
+        return -1;
+    for (Py_ssize_t i = 0; i < nargs; ++i) {
+        Py_INCREF(args[i]);
+        PyTuple_SET_ITEM(*tuple, i, args[i]);
+    }
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nkw) {
+        if (!(*dict = PyDict_New()))
+            return -1;
+        for (Py_ssize_t j = 0; j < nkw; ++j)
+            if (PyDict_SetItem(*dict, PyTuple_GET_ITEM(kwnames, j), args[nargs + j]) < 0)
+                return -1;
+    }
+    for (int i = 0; i < MAX_SLOTS; ++i)
+        slot[i] = NULL;
+    return PyArg_ParseTupleAndKeywords(*tuple, *dict, sig->format, (char **)sig->kwlist, &slot[0],
+                                       &slot[1], &slot[2], &slot[3], &slot[4], &slot[5], &slot[6],
+                                       &slot[7], &slot[8], &slot[9], &slot[10], &slot[11], &slot[12],
+                                       &slot[13], &slot[14], &slot[15], &slot[16])
+               ? 0
+               : -1;
 }
 
 /* Parse ([dout,] q, k, v, params...) by position or name and the entry's options by name
  * (SIGNATURES), then check and run. */
-static PyObject *attn_entry(enum op_id op, int backward, PyObject *args, PyObject *kwargs)
+static PyObject *attn_run(enum op_id op, int backward, PyObject *const *slot);
+
+static PyObject *attn_entry(enum op_id op, int backward, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    const entry_signature *sig = &SIGNATURES[op][backward];
+    PyObject *slot[MAX_SLOTS] = {NULL};
+    if (parse_fast(sig, args, nargs, kwnames, slot))
+        return attn_run(op, backward, slot);
+    PyObject *tuple = NULL, *dict = NULL, *result = NULL;
+    if (parse_slow(sig, args, nargs, kwnames, slot, &tuple, &dict) == 0)
+        result = attn_run(op, backward, slot);
+    Py_XDECREF(tuple);
+    Py_XDECREF(dict);
+    return result;
+}
+
+/* Check and run one call from its parsed slots (SIGNATURES' order: arrays, then options). */
+static PyObject *attn_run(enum op_id op, int backward, PyObject *const *slot)
 {
     const op_spec *sp = &OPS[op];
     const entry_signature *sig = &SIGNATURES[op][backward];
-    PyObject *slot[MAX_SLOTS] = {NULL};
-    /* CPython's own parser: positional or named arrays, named options, its own messages */
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, sig->format, (char **)sig->kwlist, &slot[0], &slot[1],
-                                     &slot[2], &slot[3], &slot[4], &slot[5], &slot[6], &slot[7], &slot[8],
-                                     &slot[9], &slot[10], &slot[11], &slot[12], &slot[13], &slot[14],
-                                     &slot[15], &slot[16]))
-        return NULL;
     PyObject *const *values = slot;
     PyObject *opt[OPT_COUNT] = {NULL};
     for (int i = 0; i < sig->noptions; ++i)
@@ -981,15 +1058,17 @@ done:
 }
 
 #define ENTRY(name, ...)                                                                 \
-    static PyObject *py_##name##_forward(PyObject *self, PyObject *args, PyObject *kw)   \
+    static PyObject *py_##name##_forward(PyObject *self, PyObject *const *args,          \
+                                         Py_ssize_t nargs, PyObject *kwnames)            \
     {                                                                                    \
         (void)self;                                                                      \
-        return attn_entry(OP_##name, 0, args, kw);                                       \
+        return attn_entry(OP_##name, 0, args, nargs, kwnames);                           \
     }                                                                                    \
-    static PyObject *py_##name##_backward(PyObject *self, PyObject *args, PyObject *kw)  \
+    static PyObject *py_##name##_backward(PyObject *self, PyObject *const *args,         \
+                                          Py_ssize_t nargs, PyObject *kwnames)           \
     {                                                                                    \
         (void)self;                                                                      \
-        return attn_entry(OP_##name, 1, args, kw);                                       \
+        return attn_entry(OP_##name, 1, args, nargs, kwnames);                           \
     }
 FF_KINDS(ENTRY)
 #undef ENTRY
@@ -1441,7 +1520,7 @@ static PyObject *py_buffer_cache_info(PyObject *self, PyObject *noargs)
 }
 
 #define KERNEL(name, doc)                                                                  \
-    {#name, (PyCFunction)(void (*)(void))py_##name, METH_VARARGS | METH_KEYWORDS, doc}
+    {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL | METH_KEYWORDS, doc}
 static PyMethodDef methods[] = {
 #define X(name, qn, kn, ngrads, linear, F, R, grads_doc, ...)                              \
     KERNEL(name##_forward, linear ? "-> (out, guard_count[, key_state][, projections][, finite])" \
@@ -1540,7 +1619,8 @@ PyMODINIT_FUNC PyInit__C(void)
     import_array();
     count_params();
     mark_projection_kinds();
-    build_signatures(); /* after mark_projection_kinds: it reads keeps_projections */
+    if (build_signatures() < 0) /* after mark_projection_kinds: it reads keeps_projections */
+        return NULL;
 #if !defined(_WIN32)
     pthread_atfork(ff_buffer_cache_lock, ff_buffer_cache_unlock, after_fork_in_child);
 #endif
