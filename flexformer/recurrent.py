@@ -291,6 +291,30 @@ def _advance_one(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
     return _normalise(num, den, state.R[..., None], eps)
 
 
+def _causal_call(kernel, params: tuple):
+    """``kernel(q, k, v, *params, causal=True, key_mask=, eps=, state=, report_finite=True)``
+    as ``f(q, k, v, key_mask, eps, packed)``, the parameters bound by position. A call spelled
+    with ``*params`` and keywords makes CPython build a tuple and a dict of the keywords
+    every time, about half a microsecond of a decoding step; spelled out, the C entry gets
+    them in place (its fast argument path)."""
+    if len(params) == 0:
+        return lambda q, k, v, mask, eps, packed: kernel(
+            q, k, v, causal=True, key_mask=mask, eps=eps, state=packed, report_finite=True)
+    if len(params) == 1:
+        (a,) = params
+        return lambda q, k, v, mask, eps, packed: kernel(
+            q, k, v, a, causal=True, key_mask=mask, eps=eps, state=packed, report_finite=True)
+    if len(params) == 2:
+        a, b = params
+        return lambda q, k, v, mask, eps, packed: kernel(
+            q, k, v, a, b, causal=True, key_mask=mask, eps=eps, state=packed, report_finite=True)
+    if len(params) == 3:
+        a, b, c = params
+        return lambda q, k, v, mask, eps, packed: kernel(
+            q, k, v, a, b, c, causal=True, key_mask=mask, eps=eps, state=packed, report_finite=True)
+    raise AssertionError(f"no kind's kernel takes {len(params)} parameters")
+
+
 def _advance(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
     """Outputs of T <= _CHUNK new rows and the state moved past them (in place).
 
@@ -359,8 +383,10 @@ class RecurrentAttention:
         # the C causal forward continues a packed state (state=): prefill and step in one call each;
         # kinds with a Python forward (elu) step with the NumPy recurrence below
         name = USER_FEATURES if spec is None else spec.kernel if spec._forward is None and spec.key_state else None
-        self._kernel = getattr(_C, f"{name}_forward") if name else None
-        self._kernel_params = tuple(self.params[n] for n in (spec.params if spec else ()))  # the kernel's order
+        self._kernel = None
+        if name:  # the parameters in the kernel's order
+            self._kernel = _causal_call(getattr(_C, f"{name}_forward"),
+                                        tuple(self.params[n] for n in (spec.params if spec else ())))
         self.eps = check_real("eps", eps)
         if not (np.isfinite(self.eps) and self.eps > 0):
             raise ValueError(f"eps must be finite and > 0, got {eps}")
@@ -368,26 +394,11 @@ class RecurrentAttention:
     # ------------------------------------------------------------------ helpers
     def _run_kernel(self, state: LinearAttentionState, q, k, v, key_mask) -> np.ndarray:
         """Outputs of these rows through the C causal forward, moving ``state`` past them."""
-        out, _, finite = self._kernel(q, k, v, *self._kernel_params, causal=True, key_mask=key_mask, eps=self.eps,
-                                      state=state.packed, report_finite=True)
+        out, _, finite = self._kernel(q, k, v, key_mask, self.eps, state.packed)
         if not finite:
             check_overflow(f"RecurrentAttention({self.kind!r})", out, (q, k, v), "the state of earlier keys")
         state.tokens += q.shape[2]
         return out
-
-    def _try_kernel(self, state, q, k, v, key_mask) -> Optional[np.ndarray]:
-        """A step's fast path (a decoding step is about 20 us, and checks written in Python
-        cost more than 1 us of it): the C kernel checks every dtype and shape itself, and
-        moves the state only once they pass, so it is called first. None when it refuses
-        the arguments or they hold no token: the caller then runs the full checks, which
-        say what is wrong in this class's terms (T = 0, which the kernel accepts, included)."""
-        if self._kernel is None or type(state) is not LinearAttentionState:
-            return None
-        try:
-            out = self._run_kernel(state, q, k, v, key_mask)
-        except (TypeError, ValueError):
-            return None
-        return out if out.shape[2] else None
 
     def _parallel(self, q, k, v, key_mask):
         if self.kind == USER_FEATURES:
@@ -484,9 +495,18 @@ class RecurrentAttention:
              key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Advance ``state`` in place by T >= 1 tokens (q, k: (B, H, T, d); v: (B, H, T, e));
         returns their outputs (B, H, T, e), row t seeing every earlier key and keys <= t."""
-        out = self._try_kernel(state, q, k, v, key_mask)
-        if out is not None:
-            return out
+        # The fast path, inline (a decoding step is about 20 us; checks written in Python, or
+        # another method call or two, cost a microsecond of it): the C kernel checks every
+        # dtype and shape itself and moves the state only once they pass, so it goes first.
+        # When it refuses the arguments, or they hold no token (T = 0, which it accepts), the
+        # full checks below say what is wrong in this class's terms.
+        if self._kernel is not None and type(state) is LinearAttentionState:
+            try:
+                out = self._run_kernel(state, q, k, v, key_mask)
+            except (TypeError, ValueError):
+                out = None
+            if out is not None and out.shape[2]:
+                return out
         q, k, v, key_mask = self._check_inputs(q, k, v, key_mask, state)
         if self._kv_cache:
             return self._softmax_step(state, q, k, v, key_mask)

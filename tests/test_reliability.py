@@ -314,3 +314,27 @@ def test_kernel_entries_parse_their_arguments_with_cpythons_parser():
         with pytest.raises(TypeError) as exc:
             call()
         assert words in str(exc.value)
+
+
+def test_kernel_entries_take_keyword_names_built_at_run_time():
+    """Names spelled in the caller's code reach the entries interned and are matched by
+    pointer; names built at run time are other str objects and go through CPython's parser.
+    Both give the same outputs, and neither keeps a reference to an argument."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 8, 4)) for _ in range(3))
+    omega = ff.init.flex_s_omega(2, 4, 4, rng=0)
+    built = {"".join(["ca", "usal"]): True, "".join(["ome", "ga"]): omega}
+    assert all(name is not sys.intern(name) for name in built)
+    want = _C.flex_s_forward(q, k, v, omega=omega, causal=True)[0]
+    assert np.array_equal(_C.flex_s_forward(q, k, v, **built)[0], want)
+    assert np.array_equal(_C.flex_s_forward(q=q, k=k, v=v, omega=omega, causal=True)[0], want)
+    reference = ff.reference.flex_s_attention(q, k, v, omega, causal=True)
+    np.testing.assert_allclose(want, reference, rtol=1e-10, atol=1e-12)
+    tracked = [q, k, v, omega]
+    before = [sys.getrefcount(a) for a in tracked]
+    for _ in range(300):
+        _C.flex_s_forward(q, k, v, omega=omega, causal=True)
+        _C.flex_s_forward(q, k, v, **built)
+        with pytest.raises(TypeError, match="given by name"):
+            _C.flex_s_forward(q, k, v, omega, q=q)
+    assert [sys.getrefcount(a) for a in tracked] == before
