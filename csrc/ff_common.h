@@ -304,6 +304,18 @@ static inline int ff_call_level(void)
 #define FF_ISA_CALL_3 FF_ISA_CALL
 #define FF_ISA_CALL_COPIES(copies, ...) FF_PASTE(FF_ISA_CALL_, copies)(__VA_ARGS__)
 
+/* Elements in one (b,h)'s packed state [S (F,e), z (F), R, M] (key_state=, state=):
+ * F e + F + 2 padded to a multiple of FF_STATE_ALIGN, so that in an array starting on a
+ * cache line every pair's S starts on one too. A decoding step reads and rewrites all of
+ * S, a vector at a time: unpadded, the pairs after the first sat 8 bytes further along
+ * each, and half of the AVX2 loads and stores of those split across two lines (model 106:
+ * a one-token flex_n step 5-7% slower). The padding is zero and never read. */
+#define FF_STATE_ALIGN 16
+static inline size_t ff_packed_state_len(size_t F, size_t e)
+{
+    return (F * e + F + 2 + (FF_STATE_ALIGN - 1)) / FF_STATE_ALIGN * FF_STATE_ALIGN;
+}
+
 /* Rows per block: features are computed for this many rows at a time, and the
  * causal kernels use it as the chunk length of the intra-chunk masked product. */
 #define FF_BLOCK 64

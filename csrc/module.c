@@ -472,12 +472,12 @@ static void kind_widths(const attn_call *c, npy_intp *F, npy_intp *R)
     }
 }
 
-/* Length of one (b,h)'s packed key state [S (F,e), z (F), R, M] for this call. */
+/* Length of one (b,h)'s packed key state [S (F,e), z (F), R, M, padding] for this call. */
 static npy_intp key_state_size(const attn_call *c)
 {
     npy_intp F, R;
     kind_widths(c, &F, &R);
-    return F * c->e + F + 2;
+    return (npy_intp)ff_packed_state_len((size_t)F, (size_t)c->e);
 }
 
 /* Width of a row's kept projection for this call (kinds.h, R; 0: none kept). */
@@ -533,7 +533,7 @@ static int prepare_saved(attn_call *c, PyObject *obj, PyArrayObject **slot, cons
     return 0;
 }
 
-/* key_state / return_key_state: (B, H, F*e + F + 2) per call */
+/* key_state / return_key_state: (B, H, key_state_size) per call */
 static int prepare_key_state(attn_call *c, PyObject *obj)
 {
     const npy_intp dims[3] = {c->B, c->H, key_state_size(c)};
@@ -550,7 +550,7 @@ static int prepare_projections(attn_call *c, PyObject *obj)
 }
 
 /* state= (causal forward of a linear kind): the recurrent state of the keys before these,
- * (B, H, F*e + F + 2) [S, z, R, M] per (b,h), updated in place, so it must be an ndarray
+ * (B, H, key_state_size) [S, z, R, M, padding] per (b,h), updated in place, so it must be an ndarray
  * of the call's dtype, C-contiguous, aligned, writeable, and not share memory with q, k,
  * v or key_mask (the kernel writes it while other pairs still read them). */
 static int prepare_carry(attn_call *c, PyObject *obj)
@@ -1425,6 +1425,21 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* packed_state_length(F, e): elements of one (b,h)'s packed state (ff_packed_state_len) */
+static PyObject *py_packed_state_length(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_ssize_t F, e;
+    if (!PyArg_ParseTuple(args, "nn:packed_state_length", &F, &e))
+        return NULL;
+    if (F < 0 || e < 0 || (F > 0 && e > (PY_SSIZE_T_MAX / 2 - F - 2) / F)) {
+        PyErr_Format(PyExc_ValueError, "packed_state_length needs F >= 0 and e >= 0 of a state that fits "
+                     "in memory, got F = %zd, e = %zd", F, e);
+        return NULL;
+    }
+    return PyLong_FromSize_t(ff_packed_state_len((size_t)F, (size_t)e));
+}
+
 static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs)
 {
     (void)self;
@@ -1543,6 +1558,8 @@ static PyMethodDef methods[] = {
     {"openmp_enabled", py_openmp_enabled, METH_NOARGS, "True when built with OpenMP"},
     {"set_num_threads", py_set_num_threads, METH_O, "threads for later kernel calls (0 = default)"},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "threads kernel calls will use"},
+    {"packed_state_length", py_packed_state_length, METH_VARARGS,
+     "packed_state_length(F, e) -> elements of one (b,h)'s packed state [S, z, R, M, padding]"},
     {"set_buffer_cache", py_set_buffer_cache, METH_O, "bound on the block cache in MiB (0: off)"},
     {"buffer_cache_info", py_buffer_cache_info, METH_NOARGS, "the block cache's counters"},
     {"set_causal_cache", py_set_causal_cache, METH_O, "the causal backward's chunk-cache budget in MiB (0: off)"},

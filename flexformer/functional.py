@@ -25,7 +25,8 @@ Numerics shared by every linear kind (details in ``csrc/linattn_core.inc``):
 * A query row that sees no unmasked key gets zeros, with zero gradient.
 * Key state (bidirectional): every output row reads the same sums over the keys,
   [S (F, e), z (F), R, M] per (batch, head). ``return_key_state=True`` returns them
-  packed, (B, H, F e + F + 2), and the backward takes them as ``key_state=`` instead of
+  packed, (B, H, P) with P = F e + F + 2 zero-padded to a multiple of 16
+  (``_C.packed_state_length(F, e)``), and the backward takes them as ``key_state=`` instead of
   recomputing them, the way autograd frameworks keep activations (F = 2m for flex_s,
   flex_n and hedgehog, m for performer, the feature size for linear_attention). The
   gradients are the same bit for bit.

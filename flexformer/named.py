@@ -92,9 +92,9 @@ def _forward_doc(spec: AttentionKind) -> str:
            "return_guard_count : bool, optional\n    Also return an int64 array (B, H) counting the rows that hit "
            "the guard.",
            "return_key_state : bool, optional\n    Bidirectional only: also return the keys' state "
-           "(B, H, F e + F + 2), the packed\n    sums [S, z, R, M] the outputs were read from (F = "
-           f'``get_attention("{spec.name}").feature_size(params, d)``).\n    Hand it to the backward as '
-           "``key_state=`` and it skips recomputing them.",
+           "(B, H, P), the packed\n    sums [S, z, R, M] the outputs were read from (F = "
+           f'``get_attention("{spec.name}").feature_size(params, d)``),\n    zero-padded to P, a multiple of 16. '
+           "Hand it to the backward as ``key_state=`` and it\n    skips recomputing them.",
            ("return_projections : bool, optional\n    Bidirectional only: also return the queries' and keys' "
             f"projections onto the\n    frequencies, (B, H, Nq + Nk, {_projection_width(spec)}), masked keys as "
             "zeros. Hand them to the\n    backward as ``projections=`` and it skips computing them again."

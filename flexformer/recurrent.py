@@ -46,12 +46,26 @@ _CHUNK = 64        # tokens per vectorised block when stepping several tokens at
 _PREFILL_BLOCK = 4096  # keys per block when building the state after a parallel prefill
 
 
+_LINE = 64  # bytes
+
+
+def _packed_zeros(B: int, H: int, F: int, e: int, dtype) -> np.ndarray:
+    """Zeros (B, H, P) for a packed state (P = ``_C.packed_state_length(F, e)``), starting
+    on a 64-byte line: a view into a slightly larger block, since NumPy's own arrays start
+    16 bytes into one as often as not."""
+    dtype, P = np.dtype(dtype), _C.packed_state_length(F, e)
+    block = np.zeros(B * H * P + _LINE // dtype.itemsize, dtype)
+    start = (-block.ctypes.data % _LINE) // dtype.itemsize
+    return block[start:start + B * H * P].reshape(B, H, P)
+
+
 class LinearAttentionState:
     """The fixed-size state of causal linear attention for (B, H) sequences.
 
-    Held in one packed array, ``packed`` (B, H, F*e + F + 2) = [S, z, R, M] per (b, h): the
-    layout the C kernels continue from (``state=`` of a causal forward); the attributes
-    below are views into it.
+    Held in one packed array, ``packed`` (B, H, P) = [S, z, R, M, zero padding] per (b, h),
+    P = F*e + F + 2 rounded up to a multiple of 16 (``flexformer._C.packed_state_length``):
+    the layout the C kernels continue from (``state=`` of a causal forward), starting on a
+    64-byte line so that every (b, h)'s S does; the attributes below are views into it.
 
     Attributes
     ----------
@@ -67,14 +81,14 @@ class LinearAttentionState:
     >>> import numpy as np, flexformer as ff
     >>> rec = ff.RecurrentAttention("flex_s", ff.get_attention("flex_s").init(2, 8, num_features=16, rng=0))
     >>> state = rec.empty_state(batch=1, heads=2, head_dim=8, value_dim=8, dtype=np.float64)
-    >>> state.tokens, state.packed.shape          # F = 2m = 32 features: 32 * 8 + 32 + 2
-    (0, (1, 2, 290))
+    >>> state.tokens, state.packed.shape          # F = 2m = 32 features: 32 * 8 + 32 + 2 = 290, padded
+    (0, (1, 2, 304))
     """
 
     def __init__(self, S: np.ndarray, z: np.ndarray, R: np.ndarray, M: np.ndarray, tokens: int = 0):
         S = np.asarray(S)
         B, H, F, e = S.shape
-        packed = np.empty((B, H, F * e + F + 2), S.dtype)
+        packed = _packed_zeros(B, H, F, e, S.dtype)
         self._bind(packed, F, e)
         self.S, self.z, self.R, self.M = S, z, R, M
         self.tokens = int(tokens)
@@ -115,8 +129,8 @@ class LinearAttentionState:
         """A state that has seen no tokens."""
         _check_sizes(batch=batch, heads=heads, features=features, value_dim=value_dim)
         dtype = _float_dtype("dtype", dtype)
-        packed = np.zeros((batch, heads, features * value_dim + features + 2), dtype)
-        packed[..., -1] = -np.inf
+        packed = _packed_zeros(batch, heads, features, value_dim, dtype)
+        packed[..., features * value_dim + features + 1] = -np.inf  # M
         return cls._from_packed(packed, features, value_dim, 0)
 
     @property
@@ -136,7 +150,9 @@ class LinearAttentionState:
     def copy(self) -> "LinearAttentionState":
         """An independent copy (advancing one leaves the other unchanged)."""
         B, H, F, e = self.shape
-        return LinearAttentionState._from_packed(self.packed.copy(), F, e, self.tokens)
+        packed = _packed_zeros(B, H, F, e, self.dtype)
+        packed[...] = self.packed
+        return LinearAttentionState._from_packed(packed, F, e, self.tokens)
 
     def __repr__(self) -> str:
         B, H, F, e = self.shape

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import flexformer as ff
+from flexformer import _C
 from flexformer.registry import features
 
 from conftest import make_inputs, random_mask
@@ -56,12 +57,28 @@ def test_key_state_holds_the_sums_it_stands_for(kind):
     M = s.max(-1)
     w = np.exp(s - M[..., None])
     F, e = f.shape[-1], v.shape[-1]
-    assert state.shape == (2, 2, F * e + F + 2)
+    P = F * e + F + 2  # [S, z, R, M], then zeros up to a multiple of 16
+    assert state.shape == (2, 2, P + (-P) % 16)
+    assert not state[..., P:].any()
     np.testing.assert_allclose(state[..., :F * e].reshape(2, 2, F, e), np.einsum("bhj,bhjf,bhje->bhfe", w, f, v),
                                rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(state[..., F * e:F * e + F], np.einsum("bhj,bhjf->bhf", w, f), rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(state[..., -2], w.sum(-1), rtol=1e-12)
-    np.testing.assert_allclose(state[..., -1], M, rtol=1e-12)
+    np.testing.assert_allclose(state[..., F * e + F], w.sum(-1), rtol=1e-12)
+    np.testing.assert_allclose(state[..., F * e + F + 1], M, rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 150), (1, 1, 300)], ids=["pairs", "segments"])
+def test_key_state_padding_is_zero(shape, threads):
+    """Each (b, h)'s packed state ends in zeros up to a multiple of 16 elements, whether it
+    was written in place (pairs) or merged from segments in the workspace (one pair cut
+    across the threads)."""
+    fwd, _, args, _ = _case("flex_n", *shape, np.float32)
+    _, state = fwd(*args, return_key_state=True)
+    F, e = 12, 4  # F = 2m features, m = 6
+    P = F * e + F + 2
+    assert state.shape == shape[:2] + (P + (-P) % 16,) == shape[:2] + (_C.packed_state_length(F, e),)
+    assert not state[..., P:].any()
+    assert np.all(np.isfinite(state[..., :P]))
 
 
 def test_key_state_errors():
@@ -69,7 +86,7 @@ def test_key_state_errors():
     _, state = fwd(*args, return_key_state=True)
     dout = np.ones((2, 3, 20, 4), np.float32)
     # causal=True: tests/test_projections.py, test_saved_arrays_are_refused_on_causal_calls
-    with pytest.raises(ValueError, match=r"key_state must have shape \(B, H, S\) = \(2, 3, 62\)"):
+    with pytest.raises(ValueError, match=r"key_state must have shape \(B, H, S\) = \(2, 3, 64\)"):
         bwd(dout, *args, key_state=state[..., :-1])
     with pytest.raises(ValueError, match="key_state"):
         bwd(dout, *args, key_state=state[:1])
