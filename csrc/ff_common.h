@@ -309,7 +309,7 @@ static inline int ff_call_level(void)
  * cache line every pair's S starts on one too. A decoding step reads and rewrites all of
  * S, a vector at a time: unpadded, the pairs after the first sat 8 bytes further along
  * each, and half of the AVX2 loads and stores of those split across two lines (model 106:
- * a one-token flex_n step 5-7% slower). The padding is zero and never read. */
+ * a one-token step 3-6% slower, docs/performance.md). The padding is zero and never read. */
 #define FF_STATE_ALIGN 16
 static inline size_t ff_packed_state_len(size_t F, size_t e)
 {
