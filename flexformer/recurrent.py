@@ -129,9 +129,9 @@ class LinearAttentionState:
         """A state that has seen no tokens."""
         _check_sizes(batch=batch, heads=heads, features=features, value_dim=value_dim)
         dtype = _float_dtype("dtype", dtype)
-        packed = _packed_zeros(batch, heads, features, value_dim, dtype)
-        packed[..., features * value_dim + features + 1] = -np.inf  # M
-        return cls._from_packed(packed, features, value_dim, 0)
+        state = cls._from_packed(_packed_zeros(batch, heads, features, value_dim, dtype), features, value_dim, 0)
+        state._M[...] = -np.inf
+        return state
 
     @property
     def shape(self) -> Tuple[int, int, int, int]:
