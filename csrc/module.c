@@ -610,7 +610,9 @@ static int prepare_carry(attn_call *c, PyObject *obj)
  * NumPy memory handler: a training loop's next call gets back the pages of the arrays it
  * dropped instead of fresh ones (faulting in and clearing fresh pages cost about a tenth
  * of a flex_n forward + backward at N = 4096). NumPy calls `free` with the size it
- * allocated, which is what the cache matches on. */
+ * allocated, which is what the cache matches on. Such arrays start on a 64-byte line;
+ * a call whose outputs are all small (SMALL_OUTPUT_BYTES below) leaves NumPy's own
+ * allocator in place. */
 static void *handler_malloc(void *ctx, size_t size)
 {
     (void)ctx;
@@ -662,6 +664,33 @@ static void restore_handler(PyObject *old)
     Py_XDECREF(ours);
     Py_DECREF(old);
     PyErr_Restore(type, value, traceback);
+}
+
+/* Outputs all under this many bytes (a decoding step's few rows) take NumPy's own
+ * allocator: setting and restoring the block cache's handler (a context variable each
+ * way) and an aligned allocation cost 3-5% of a one-token step (model 106, loaded host),
+ * and such blocks are below the cache's floor (FF_BUFFER_CACHE_MIN_BYTES) anyway. */
+#define SMALL_OUTPUT_BYTES ((double)(64 << 10))
+
+/* Whether one of this call's outputs reaches SMALL_OUTPUT_BYTES (products in double: only
+ * compared with it). */
+static int outputs_are_large(const attn_call *c)
+{
+    double most;
+    if (!c->backward) {
+        most = (double)c->B * c->H * c->Nq * c->e;
+        if (c->want_key_state)
+            most = fmax(most, (double)c->B * c->H * key_state_size(c));
+        if (c->want_projections)
+            most = fmax(most, (double)c->B * c->H * (c->Nq + c->Nk) * projection_width(c));
+    } else {
+        PyArrayObject *like[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
+        most = 0;
+        for (int i = 0; i < 3 + c->spec->ngrads; ++i)
+            most = fmax(most, (double)PyArray_SIZE(like[i]));
+    }
+    return most * (c->typenum == NPY_FLOAT ? sizeof(float) : sizeof(double)) >=
+           SMALL_OUTPUT_BYTES;
 }
 
 #define DATA(a) ((a) ? PyArray_DATA(a) : NULL)
@@ -720,7 +749,7 @@ static PyObject *attn_call_execute(attn_call *c)
     const int t = c->typenum;
     void *out = NULL, *g[6] = {NULL}, *ks = DATA(c->key_state), *kept = DATA(c->projections);
     int64_t *guard = NULL;
-    PyObject *handler = use_buffer_handler();
+    PyObject *handler = outputs_are_large(c) ? use_buffer_handler() : NULL;
     if (!c->backward) {
         npy_intp shape[4] = {c->B, c->H, c->Nq, c->e};
         /* the linear core writes every output row; the others start from zeros */
