@@ -215,6 +215,35 @@ def test_lm_prefill_and_step_match_the_parallel_forward(kind, positional):
     assert _rel(np.concatenate([logits] + steps, 1), full) < 1e-10
 
 
+def test_layer_decoding_reuses_its_recurrence_and_sees_parameter_changes():
+    """MultiHeadAttention.recurrent() is built once, returned again while eps and the
+    parameter arrays stay the same objects, and the steps follow in-place updates and
+    replaced arrays alike: each step equals the parallel causal forward of that moment."""
+    from flexformer.nn import MultiHeadAttention
+    rng = np.random.default_rng(3)
+    layer = MultiHeadAttention(16, 2, "flex_n", rng, causal=True, dtype=np.float64)
+    x = rng.standard_normal((1, 12, 16))
+    rec = layer.recurrent()
+    assert layer.recurrent() is rec
+
+    def step_matches_parallel():
+        _, state = layer.prefill(x[:, :11])
+        got = layer.step(x[:, 11:], state)
+        np.testing.assert_allclose(got, layer.forward(x)[:, 11:], rtol=1e-10, atol=1e-12)
+
+    step_matches_parallel()
+    omega1 = layer.kernel["omega1"]
+    omega1.value *= 1.5  # in place: the same recurrence, which holds this very array
+    assert layer.recurrent() is rec
+    step_matches_parallel()
+    omega1.value = omega1.value[::-1].copy()  # a new array (a loaded checkpoint)
+    assert layer.recurrent() is not rec
+    step_matches_parallel()
+    rec = layer.recurrent()
+    layer.eps = 1e-3
+    assert layer.recurrent() is not rec and layer.recurrent().eps == 1e-3
+
+
 def test_lm_generate_greedy_is_argmax_of_the_parallel_forward():
     model = CausalLM(30, dim=16, depth=2, heads=2, max_len=32, attention="flex_n", dtype=np.float64, rng=5)
     prompt = np.array([3, 1, 4, 1, 5])
