@@ -244,6 +244,26 @@ def test_layer_decoding_reuses_its_recurrence_and_sees_parameter_changes():
     assert layer.recurrent() is not rec and layer.recurrent().eps == 1e-3
 
 
+def test_models_that_decoded_still_copy_and_pickle():
+    """A layer's cached recurrence stays behind in copies and pickles: a deep copy decodes
+    with its own parameters, and a model pickles after decoding as before."""
+    import copy
+    import pickle
+    model = CausalLM(30, dim=16, depth=2, heads=2, max_len=32, attention="flex_n", dtype=np.float64, rng=5)
+    prompt = np.array([3, 1, 4, 1, 5])
+    model.generate(prompt, 3, temperature=0)
+    clone = copy.deepcopy(model)
+    for name, p in clone.named_parameters():
+        if name.endswith("omega1"):
+            p.value *= 2.0  # in place, in the copy only
+    ids = np.random.default_rng(0).integers(0, 30, (1, 12))
+    logits, cache = clone.prefill(ids[:, :5])
+    steps = [clone.step(ids[:, t:t + 1], cache) for t in range(5, 12)]
+    assert _rel(np.concatenate([logits] + steps, 1), clone.forward(ids)) < 1e-10
+    again = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(again.generate(prompt, 6, temperature=0), model.generate(prompt, 6, temperature=0))
+
+
 def test_lm_generate_greedy_is_argmax_of_the_parallel_forward():
     model = CausalLM(30, dim=16, depth=2, heads=2, max_len=32, attention="flex_n", dtype=np.float64, rng=5)
     prompt = np.array([3, 1, 4, 1, 5])

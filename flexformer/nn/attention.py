@@ -259,6 +259,13 @@ class MultiHeadAttention(Module):
         self._recurrent = (self.eps, values, rec)
         return rec
 
+    def __getstate__(self) -> dict:
+        # copies and pickles leave the recurrence behind: its kernel call is bound to this
+        # layer's arrays (and cannot be pickled); the copy builds its own on first use
+        state = self.__dict__.copy()
+        state["_recurrent"] = None
+        return state
+
     def prefill(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None):
         """(y, state): the causal forward of x (B, T, dim) and the state after it (a
         :class:`ConvDecodeState` when the layer has short convolutions)."""
