@@ -674,6 +674,15 @@ static void restore_handler(PyObject *old)
 
 /* Whether one of this call's outputs reaches SMALL_OUTPUT_BYTES (products in double: only
  * compared with it). */
+/* The arrays whose shapes the backward's gradients take, in output order (q, k, v, then
+ * the kind's parameters); returns how many there are. */
+static int gradient_shapes(const attn_call *c, PyArrayObject *like[6])
+{
+    PyArrayObject *const all[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
+    memcpy(like, all, sizeof all);
+    return 3 + c->spec->ngrads;
+}
+
 static int outputs_are_large(const attn_call *c)
 {
     double most;
@@ -684,9 +693,10 @@ static int outputs_are_large(const attn_call *c)
         if (c->want_projections)
             most = fmax(most, (double)c->B * c->H * (c->Nq + c->Nk) * projection_width(c));
     } else {
-        PyArrayObject *like[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
+        PyArrayObject *like[6];
+        const int n = gradient_shapes(c, like);
         most = 0;
-        for (int i = 0; i < 3 + c->spec->ngrads; ++i)
+        for (int i = 0; i < n; ++i)
             most = fmax(most, (double)PyArray_SIZE(like[i]));
     }
     return most * (c->typenum == NPY_FLOAT ? sizeof(float) : sizeof(double)) >=
@@ -780,8 +790,8 @@ static PyObject *attn_call_execute(attn_call *c)
             kept = PyArray_DATA(outs[nouts - 1]);
         }
     } else {
-        PyArrayObject *like[6] = {c->q, c->k, c->v, c->params[0], c->params[1], c->params[2]};
-        const int n = 3 + c->spec->ngrads;
+        PyArrayObject *like[6];
+        const int n = gradient_shapes(c, like);
         for (int i = 0; i < n; ++i) {
             /* the linear core writes dq, dk, dv in full, zeroing them on the owning thread
              * (linattn_run.inc); everything else starts from zeros */
