@@ -39,6 +39,14 @@ import numpy as np
 HEADS, DIM = 8, 64
 
 
+def products(build) -> str:
+    """The build's product copy, and how it takes rows off a cache line where it says (older
+    builds do not)."""
+    paths = build.dense_paths()
+    rows = paths.get("off_line_rows")
+    return paths["products"] + (f" ({rows.replace('_', ' ')})" if rows else "")
+
+
 def load(checkout: str, name: str, folder: str):
     """The package in ``checkout``/flexformer imported as ``name``."""
     package = os.path.join(os.path.abspath(checkout), "flexformer")
@@ -157,7 +165,7 @@ def main(argv=None) -> int:
             make = {kind: [training_step(b, kind, inputs) for b in (build_a, build_b)] for kind in args.kinds}
         print(f"A = {args.checkout_a}, B = {args.checkout_b}; {what}, {args.threads} thread{'s' if args.threads != 1 else ''}, "
               f"{args.pairs} pairs, kernel ISA level {build_a.isa_level()}; products: A "
-              f"{build_a.dense_paths()['products']}, B {build_b.dense_paths()['products']}")
+              f"{products(build_a)}, B {products(build_b)}")
         for kind in args.kinds:
             r = compare(*make[kind], args.pairs)
             print(f"{kind}: A {r['a_ms'] * scale:.2f} {unit}, B {r['b_ms'] * scale:.2f} {unit} (medians); B / A "

@@ -4,7 +4,8 @@ Most of a Flexformer forward + backward is small dense products on 64-row blocks
 (``benchmarks/phases.py``: about three quarters of the time). This measures the register
 tile that runs them (csrc/gemm_tile.inc) on exactly those shapes, one thread, each
 instruction-set copy this CPU can run (baseline SSE2, AVX2 + FMA, AVX-512 with its 8 x 2
-and 4 x 4 tiles of vectors), beside a loop
+and 4 x 4 tiles of vectors, each of those two either copying rows that sit off a cache line
+to its aligned panel first or reading them in place), beside a loop
 of independent fused multiply-adds that only touches registers: the core's float32 peak for
 that vector width. A tile far below its peak points at the tile (its loads, stores,
 bookkeeping); a tile near its peak, in a forward + backward that is still far from NumPy's
@@ -14,7 +15,9 @@ matmul rate, points at the work around the products (sin/cos, row passes, memory
 
 The operands start --offset bytes into a 64-byte cache line: 16 by default, where malloc
 (and so NumPy) puts a large array, so a caller's rows are read across line boundaries; 0
-puts them on a line, as the kernels' own workspaces are.
+puts them on a line, as the kernels' own workspaces are (and the AVX-512 columns "copy" and
+"in place" then run the same code). The kernels time the two AVX-512 ways once per process
+and keep the faster (``flexformer.dense_paths()["off_line_rows"]``).
 
 Compiles a small C program against csrc/ (the kernels' own sources and flags: -O3,
 -ffp-contract=fast; needs a C compiler, as the build does) and prints GFLOP/s per shape and
@@ -61,18 +64,18 @@ static double now(void)
 }
 
 typedef void (*gemm_fn)(float *, const float *, size_t, size_t, const float *, size_t, size_t,
-                        size_t, size_t, size_t, int);
+                        size_t, size_t, size_t, int, int);
 
 /* best of 5 timed runs of about 0.2 GFLOP each, in GFLOP/s (main keeps the best of its rounds) */
-static double rate(gemm_fn g, size_t M, size_t N, size_t K, size_t a_rs, size_t a_cs,
-                   size_t b_rs, int acc, float *a, float *b, float *c)
+static double rate(gemm_fn g, int copy_off_line, size_t M, size_t N, size_t K, size_t a_rs,
+                   size_t a_cs, size_t b_rs, int acc, float *a, float *b, float *c)
 {
     const long reps = (long)(2e8 / (2.0 * M * N * K)) + 1;
     double best = 1e30;
     for (int r = 0; r < 5; ++r) {
         const double t0 = now();
         for (long i = 0; i < reps; ++i)
-            g(c, a, a_rs, a_cs, b, b_rs, 1, M, N, K, acc);
+            g(c, a, a_rs, a_cs, b, b_rs, 1, M, N, K, acc, copy_off_line);
         const double t = now() - t0;
         if (t < best)
             best = t;
@@ -129,12 +132,15 @@ int main(int argc, char **argv)
         b[i] = (float)(i % 7) / 7 - 0.5f;
         c[i] = 0;
     }
-    gemm_fn copies[4] = {gemm_base_f32, gemm_avx2_f32, gemm_avx512_f32, gemm_avx512_4x4_f32};
-    const int needs[4] = {2, 3, 4, 4}; /* the kernel ISA level each copy needs */
+    enum { NC = 6 }; /* the columns: a copy, and for AVX-512 how it takes rows off a line */
+    const gemm_fn copies[NC] = {gemm_base_f32, gemm_avx2_f32, gemm_avx512_f32, gemm_avx512_f32,
+                                gemm_avx512_4x4_f32, gemm_avx512_4x4_f32};
+    const int copy_off_line[NC] = {0, 0, 1, 0, 1, 0};
+    const int needs[NC] = {2, 3, 4, 4, 4, 4}; /* the kernel ISA level each copy needs */
     enum { NS = sizeof shapes / sizeof shapes[0], ROUNDS = 3 };
     /* every (shape, copy) cell once per round, the best round kept: a slow spell of the host
      * then costs one round of many cells, not every run of the cell it falls on */
-    double best[NS][4] = {{0}}, peak2 = 0, peak4 = 0;
+    double best[NS][NC] = {{0}}, peak2 = 0, peak4 = 0;
     for (int round = 0; round < ROUNDS; ++round) {
         /* the peaks are timed in every round too, so that a cell and its peak share the host's
          * quieter spells */
@@ -142,11 +148,12 @@ int main(int argc, char **argv)
         peak2 = p2 > peak2 ? p2 : peak2;
         peak4 = p4 > peak4 ? p4 : peak4;
         for (size_t s = 0; s < NS; ++s)
-            for (int k = 0; k < 4; ++k) {
-                const double r = needs[k] <= level ? rate(copies[k], shapes[s].M, shapes[s].N,
-                                                       shapes[s].K, shapes[s].a_rs, shapes[s].a_cs,
-                                                       shapes[s].b_rs, shapes[s].acc, a, b, c)
-                                                : 0.0;
+            for (int k = 0; k < NC; ++k) {
+                const double r = needs[k] <= level
+                                     ? rate(copies[k], copy_off_line[k], shapes[s].M, shapes[s].N,
+                                            shapes[s].K, shapes[s].a_rs, shapes[s].a_cs,
+                                            shapes[s].b_rs, shapes[s].acc, a, b, c)
+                                     : 0.0;
                 if (r > best[s][k])
                     best[s][k] = r;
             }
@@ -155,7 +162,7 @@ int main(int argc, char **argv)
     printf(", \"avx512\": %.2f}, \"rates\": [", peak4);
     for (size_t s = 0; s < NS; ++s) {
         printf(s ? ", [" : "[");
-        for (int k = 0; k < 4; ++k)
+        for (int k = 0; k < NC; ++k)
             printf(k ? ", %.2f" : "%.2f", best[s][k]);
         printf("]");
     }
@@ -202,16 +209,20 @@ def main(argv=None) -> int:
     print(f"{model}, kernel ISA level {res['level']}, one thread, operands {args.offset} bytes into a "
           f"64-byte line; float32 FMA peak in registers: "
           f"AVX2 {peak['avx2']:.1f}, AVX-512 {peak['avx512']:.1f} GFLOP/s")
-    print(f"{'product (per 64-row block)':52s} {'base':>7s} {'AVX2':>13s} {'AVX-512 8x2':>13s} "
-          f"{'AVX-512 4x4':>13s}")
+    # the columns of the C program's rates, in its order: (JSON key, heading, peak)
+    columns = [("avx2", "AVX2", "avx2"), ("avx512", "8x2 copy", "avx512"),
+               ("avx512_in_place", "8x2 in place", "avx512"), ("avx512_4x4", "4x4 copy", "avx512"),
+               ("avx512_4x4_in_place", "4x4 in place", "avx512")]
+    print(f"{'product (per 64-row block)':52s} {'base':>7s} "
+          + " ".join(f"{heading:>13s}" for _, heading, _ in columns)
+          + "   (AVX-512 rows off a line: copied to the panel or read in place)")
     rows = []
-    for (name, *_), (base, avx2, avx512, avx512_4x4) in zip(SHAPES, res["rates"]):
+    for (name, *_), (base, *rates) in zip(SHAPES, res["rates"]):
         def cell(r, pk):
             return f"{r:6.1f} ({100 * r / pk:3.0f}%)" if r and pk else f"{'-':>13s}"
-        print(f"{name:52s} {base:7.1f} {cell(avx2, peak['avx2'])} {cell(avx512, peak['avx512'])} "
-              f"{cell(avx512_4x4, peak['avx512'])}")
-        rows.append({"product": name, "base": base, "avx2": avx2, "avx512": avx512,
-                     "avx512_4x4": avx512_4x4})
+        print(f"{name:52s} {base:7.1f} "
+              + " ".join(cell(r, peak[pk]) for r, (_, _, pk) in zip(rates, columns)))
+        rows.append({"product": name, "base": base, **{key: r for r, (key, _, _) in zip(rates, columns)}})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"cpu": model, "level": res["level"], "offset_bytes": args.offset, "peak_gflops": peak,

@@ -24,6 +24,8 @@ int ff_isa_level(void);
 int ff_cap_thread_level(int cap);
 /* the copy that runs the dense products: "avx512", "avx512_4x4", "avx2", "base" or "plain" */
 const char *ff_product_copy(int use_double);
+/* how that copy treats rows off a 64-byte line: "copy" (to its panel) or "in_place" */
+const char *ff_off_line_rows(int use_double);
 int ff_max_threads(void);
 
 /* One attention call in a kind-independent form; arrays are float or double by the

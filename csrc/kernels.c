@@ -77,6 +77,19 @@ const char *ff_product_copy(int use_double)
 #endif
 }
 
+/* How the dense products treat rows of B that sit off a 64-byte line: "copy" (to the AVX-512
+ * tile's line-aligned panel) or "in_place" (timed with the copy on first use, or
+ * FLEXFORMER_OFF_LINE_ROWS); "in_place" wherever no AVX-512 copy runs them. */
+const char *ff_off_line_rows(int use_double)
+{
+    (void)use_double;
+#if defined(__GNUC__) && !defined(FF_PLAIN_DENSE) && FF_X86_DISPATCH
+    if (ff_cpu_level() >= 4 && (use_double ? copies_off_line_f64() : copies_off_line_f32()))
+        return "copy";
+#endif
+    return "in_place";
+}
+
 void ff_set_causal_cache_bytes(size_t bytes)
 {
     ff_causal_cache_limit = bytes;

@@ -1529,16 +1529,18 @@ static PyObject *py_causal_cache_limit(PyObject *self, PyObject *noargs)
     return PyLong_FromSize_t(ff_causal_cache_bytes());
 }
 
-/* dense_copies(use_double): the name of the products' copy (times the copies on first use) */
+/* dense_copies(use_double): (the name of the products' copy, how it treats rows off a
+ * cache line); times the copies on first use */
 static PyObject *py_dense_copies(PyObject *self, PyObject *arg)
 {
     (void)self;
     const int use_double = PyObject_IsTrue(arg);
     if (use_double < 0)
         return NULL;
-    const char *name;
+    const char *name, *rows;
     Py_BEGIN_ALLOW_THREADS name = ff_product_copy(use_double);
-    Py_END_ALLOW_THREADS return PyUnicode_FromString(name);
+    rows = ff_off_line_rows(use_double);
+    Py_END_ALLOW_THREADS return Py_BuildValue("(ss)", name, rows);
 }
 
 static PyObject *py_isa_level(PyObject *self, PyObject *noargs)
@@ -1602,8 +1604,9 @@ static PyMethodDef methods[] = {
     {"set_buffer_cache", py_set_buffer_cache, METH_O, "bound on the block cache in MiB (0: off)"},
     {"buffer_cache_info", py_buffer_cache_info, METH_NOARGS, "the block cache's counters"},
     {"set_causal_cache", py_set_causal_cache, METH_O, "the causal backward's chunk-cache budget in MiB (0: off)"},
-    {"dense_copies", py_dense_copies, METH_O, "dense_copies(use_double): the name of the copy that runs the "
-     "dense products (avx512, avx512_4x4, avx2, base or plain; timed on first use at level 4)"},
+    {"dense_copies", py_dense_copies, METH_O, "dense_copies(use_double): (the name of the copy that runs the "
+     "dense products (avx512, avx512_4x4, avx2, base or plain; timed on first use at level 4), "
+     "copy or in_place for rows off a cache line)"},
     {"isa_level", py_isa_level, METH_NOARGS, "x86-64 level of the code paths in use (0: no dispatch)"},
     {"all_finite", py_all_finite, METH_O, "all_finite(a): whether a C-contiguous float array is all finite "
      "(None for other arrays)"},

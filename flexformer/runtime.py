@@ -218,11 +218,17 @@ def isa_level() -> int:
 def dense_paths(dtype=np.float32) -> dict:
     """The code copies that run the kernels' dense products and their row dots (a matrix
     times one vector: a recurrent step's projections) for ``dtype``: ``"avx512"``,
-    ``"avx512_4x4"``, ``"avx2"``, ``"base"`` or ``"plain"``. At level 4 the products have
-    two AVX-512 copies (an 8 x 2 and a 4 x 4 tile of vectors) and an AVX2 copy; the first
-    product in a process times the three on blocks of the kernels' shapes and keeps the
-    fastest (all give bit-identical results); ``FLEXFORMER_TILES=avx2``, ``avx512`` or
-    ``avx512_4x4`` decides instead. Benchmarks print it beside their timings.
+    ``"avx512_4x4"``, ``"avx2"``, ``"base"`` or ``"plain"``, and how the products treat rows
+    that start off a 64-byte cache line (NumPy puts a large array 16 bytes into one).
+
+    At level 4 the products have two AVX-512 copies (an 8 x 2 and a 4 x 4 tile of vectors)
+    and an AVX2 copy; the first product in a process times the three on blocks of the
+    kernels' shapes and keeps the fastest, then times whether that AVX-512 tile runs faster
+    copying rows off a line to an aligned panel first (``"copy"``) or reading them where
+    they are (``"in_place"``). Every choice gives bit-identical results.
+    ``FLEXFORMER_TILES=avx2``, ``avx512`` or ``avx512_4x4`` and
+    ``FLEXFORMER_OFF_LINE_ROWS=copy`` or ``in_place`` decide instead. Benchmarks print it
+    beside their timings.
 
     Parameters
     ----------
@@ -232,7 +238,8 @@ def dense_paths(dtype=np.float32) -> dict:
     Returns
     -------
     dict
-        ``{"products": ..., "row_dots": ...}``.
+        ``{"products": ..., "row_dots": ..., "off_line_rows": ...}``; ``"off_line_rows"`` is
+        ``"in_place"`` wherever no AVX-512 copy runs the products.
 
     Raises
     ------
@@ -243,15 +250,15 @@ def dense_paths(dtype=np.float32) -> dict:
     --------
     >>> import numpy as np, flexformer as ff
     >>> sorted(ff.dense_paths(np.float64))
-    ['products', 'row_dots']
+    ['off_line_rows', 'products', 'row_dots']
     """
     dt = np.dtype(dtype)
     if dt not in (np.float32, np.float64):
         raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    products = _C.dense_copies(dt == np.float64)
+    products, off_line_rows = _C.dense_copies(dt == np.float64)
     # the row dots have no AVX-512 copy: AVX2 at most
     row_dots = products if products in ("plain", "base") else "avx2"
-    return {"products": products, "row_dots": row_dots}
+    return {"products": products, "row_dots": row_dots, "off_line_rows": off_line_rows}
 
 
 _budget_from_environment("FLEXFORMER_BUFFER_CACHE_MIB", set_buffer_cache)

@@ -5,7 +5,8 @@ The products include the few-row projection and a recurrent step's one-column an
 
 The kernels pick AVX-512, AVX2 or baseline code at run time; FLEXFORMER_CPU_LEVEL caps
 that choice (and FLEXFORMER_TILES picks among the two AVX-512 and the AVX2 product
-copies at level 4), so each path this machine can run is checked in a subprocess against the
+copies at level 4, FLEXFORMER_OFF_LINE_ROWS whether an AVX-512 copy copies rows off a cache
+line to its panel), so each path this machine can run is checked in a subprocess against the
 float64 quadratic reference."""
 import os
 import subprocess
@@ -99,10 +100,12 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("level,tiles", [
-    ("2", ""), ("3", ""), ("4", "avx2"), ("4", "avx512"), ("4", "avx512_4x4")])
-def test_instruction_set_path(level, tiles):
-    env = dict(os.environ, FLEXFORMER_CPU_LEVEL=level, FLEXFORMER_TILES=tiles)
+@pytest.mark.parametrize("level,tiles,rows", [
+    ("2", "", ""), ("3", "", ""), ("4", "avx2", ""), ("4", "avx512", "copy"),
+    ("4", "avx512", "in_place"), ("4", "avx512_4x4", "copy"), ("4", "avx512_4x4", "in_place")])
+def test_instruction_set_path(level, tiles, rows):
+    env = dict(os.environ, FLEXFORMER_CPU_LEVEL=level, FLEXFORMER_TILES=tiles,
+               FLEXFORMER_OFF_LINE_ROWS=rows)
     out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("ok")
@@ -130,8 +133,9 @@ for dtype in (np.float32, np.float64):
     h.update(out.tobytes())
     for t in range(100, 104):
         h.update(rec.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1]).tobytes())
-# rows of 64 values on a cache line are read in place, rows off a line are first copied
-# (gemm_tile.inc): the same bits either way
+# rows of 64 values on a cache line are read in place, rows off a line are first copied or
+# read in place as FLEXFORMER_OFF_LINE_ROWS (or the timing) says (gemm_tile.inc): the same
+# bits either way
 def at_offset(a, offset):
     buf = np.empty(a.size + 128 // a.itemsize, a.dtype)  # room to reach any offset in a line
     start = (-buf.ctypes.data % 64 + offset) // a.itemsize
@@ -149,29 +153,35 @@ for offset in (0, 16):
                 [g.tobytes() for g in ff.flex_n_attention_backward(do, q, k, v, *p)])
 assert runs[0] == runs[1], "rows on and off a cache line differ"
 h.update(b"".join(runs[0]))
-print(ff.dense_paths()["products"], h.hexdigest())
+paths = ff.dense_paths()
+print(paths["products"], paths["off_line_rows"], h.hexdigest())
 """
 
 
 def test_product_copies_give_bit_identical_results():
-    """Level 4 times its two AVX-512 and its AVX2 product copies once and runs the fastest:
-    the choice must not change a single bit of any result (FLEXFORMER_TILES forces each)."""
+    """Level 4 times its two AVX-512 and its AVX2 product copies once and runs the fastest,
+    then times whether that AVX-512 copy copies rows off a cache line to its panel or reads
+    them in place: no choice may change a single bit of any result (FLEXFORMER_TILES and
+    FLEXFORMER_OFF_LINE_ROWS force each)."""
     import flexformer as ff
 
     if ff.isa_level() < 4:
         pytest.skip("this CPU has no AVX-512: one product copy only")
     got = {}
-    copies = ("avx2", "avx512", "avx512_4x4")
-    for tiles in copies + ("",):
-        env = dict(os.environ, FLEXFORMER_TILES=tiles)
+    forced = [("avx2", ""), ("avx512", "copy"), ("avx512", "in_place"),
+              ("avx512_4x4", "copy"), ("avx512_4x4", "in_place")]
+    for tiles, rows in forced + [("", "")]:
+        env = dict(os.environ, FLEXFORMER_TILES=tiles, FLEXFORMER_OFF_LINE_ROWS=rows)
         env.pop("FLEXFORMER_CPU_LEVEL", None)
         out = subprocess.run([sys.executable, "-c", RESULTS], env=env, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        got[tiles] = out.stdout.split()
-    for tiles in copies:
-        assert got[tiles][0] == tiles
-    assert got[""][0] in copies  # the timed choice
-    assert len({got[tiles][1] for tiles in got}) == 1, got
+        got[tiles, rows] = out.stdout.split()
+    for tiles, rows in forced:
+        # the AVX2 copy has no panel copy: it reads every row in place
+        assert got[tiles, rows][:2] == [tiles, rows or "in_place"]
+    assert got["", ""][0] in ("avx2", "avx512", "avx512_4x4")  # the timed choices
+    assert got["", ""][1] in ("copy", "in_place")
+    assert len({got[key][2] for key in got}) == 1, got
 
 
 def test_dense_paths_names_and_bad_dtype():
@@ -181,9 +191,12 @@ def test_dense_paths_names_and_bad_dtype():
 
     for dtype in (np.float32, np.float64):
         paths = ff.dense_paths(dtype)
-        assert set(paths) == {"products", "row_dots"}
+        assert set(paths) == {"products", "row_dots", "off_line_rows"}
         assert paths["products"] in ("avx512", "avx512_4x4", "avx2", "base", "plain")
         assert paths["row_dots"] in ("avx2", "base", "plain")
+        assert paths["off_line_rows"] in ("copy", "in_place")
+        if paths["products"] not in ("avx512", "avx512_4x4"):
+            assert paths["off_line_rows"] == "in_place"
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
         ff.dense_paths(np.int32)
 
