@@ -84,10 +84,10 @@ const char *ff_off_line_rows(int use_double)
 {
     (void)use_double;
 #if defined(__GNUC__) && !defined(FF_PLAIN_DENSE) && FF_X86_DISPATCH
-    if (ff_cpu_level() >= 4 && (use_double ? copies_off_line_f64() : copies_off_line_f32()))
-        return "copy";
-#endif
+    return ff_off_line_names[use_double ? copies_off_line_f64() : copies_off_line_f32()];
+#else
     return "in_place";
+#endif
 }
 
 void ff_set_causal_cache_bytes(size_t bytes)
