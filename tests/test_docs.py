@@ -89,6 +89,32 @@ def test_readme_python_blocks_run():
     assert scope["q"].grad is not None and scope["params"]["tau"].grad is not None
 
 
+def _markdown_files():
+    files = [os.path.join(ROOT, "README.md")]
+    for folder, _, names in os.walk(os.path.join(ROOT, "docs")):
+        if "_build" not in folder:
+            files += [os.path.join(folder, n) for n in sorted(names) if n.endswith(".md")]
+    return files
+
+
+@pytest.mark.parametrize("path", _markdown_files(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_markdown_tables_render_as_tables(path):
+    """Each pipe table's delimiter row (|---|---:|) must have as many cells as its header,
+    or the GitHub / MyST parser shows the whole table as a paragraph of pipes."""
+    markdown_it = pytest.importorskip("markdown_it")
+    text = open(path, encoding="utf-8").read()
+    # tables inside code blocks are not tables: blank them, keeping the line numbers
+    body = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    delimiters = [i for i, line in enumerate(body.split("\n"))
+                  if re.fullmatch(r"\|?(\s*:?-{3,}:?\s*\|)+\s*(:?-{3,}:?\s*)?", line.strip())]
+    tokens = markdown_it.MarkdownIt("commonmark").enable("table").parse(body)
+    tables = [t.map[0] for t in tokens if t.type == "table_open"]
+    assert len(tables) == len(delimiters), (
+        f"{os.path.relpath(path, ROOT)}: {len(delimiters)} delimiter rows but {len(tables)} tables parsed; "
+        f"the delimiter rows of lines {[i + 1 for i in delimiters if i - 1 not in tables]} do not match "
+        "their header's number of cells")
+
+
 def test_ctags_indexes_the_kernels_under_their_compiled_names(tmp_path):
     """The repository's .ctags.d makes Universal Ctags read csrc/*.inc as C and expand FF():
     the kernels appear under the names profilers show (flex_s_attention_f32)."""
