@@ -10,9 +10,9 @@ at most 20 us per token per layer, flat from context 256 to 65,536. For each con
 length t the state after t tokens is built (a parallel causal prefill for the linear
 kinds; for softmax the key-value cache is filled directly, since a quadratic prefill
 at 65536 would take minutes and is not what is being measured), then --steps single
-tokens are stepped, in ten blocks with the contexts taking turns (a slow spell of a shared
-machine then falls on every context alike), and the median time per token is reported,
-with the state's size.
+tokens are stepped, in blocks of 25 with the contexts taking turns (a slow spell of a shared
+machine, which lasts from tens of milliseconds to seconds, then falls on every context
+alike), and the median time per token is reported, with the state's size.
 The linear kinds keep a fixed (2m x e) state, so their cost per token is flat; softmax
 attends over its whole cache, so its cost and memory grow with t. Writes JSON to --out.
 """
@@ -41,7 +41,7 @@ def build_state(kind: str, rec: RecurrentAttention, context: int, rng: np.random
     return rec.prefill(q, k, v)[1]
 
 
-ROUNDS = 10  # each context's steps are timed in this many blocks, the contexts taking turns
+BLOCK = 25  # steps timed per context in one turn, the contexts taking turns
 
 
 def time_steps(rec: RecurrentAttention, state, steps: int, rng: np.random.Generator) -> list:
@@ -60,14 +60,19 @@ def time_steps(rec: RecurrentAttention, state, steps: int, rng: np.random.Genera
 
 def time_contexts(rec: RecurrentAttention, states: dict, steps: int, rng: np.random.Generator) -> dict:
     """Median seconds per step for every context's state, the contexts taking turns in
-    ROUNDS blocks, so that a slow spell of the machine falls on all of them alike rather
-    than on whichever context happened to be timed then."""
+    blocks of BLOCK steps, each turn starting one context later, so that a slow spell of
+    the machine falls on all of them alike rather than on whichever context happened to be
+    timed then. (A two-thread step on a 2-vCPU host shifts between about 8, 10, 12 and
+    14-20 us for flex_s, in spells of tens of milliseconds to seconds, on one build and
+    state: with ten long blocks per context, such spells had made one context 1.2-1.3x
+    slower than another.)"""
     times = {t: [] for t in states}
-    rounds = min(ROUNDS, steps)
+    order = list(states)
+    rounds = max(1, -(-steps // BLOCK))
     for r in range(rounds):
         block = steps // rounds + (r < steps % rounds)
-        for t, state in states.items():
-            times[t] += time_steps(rec, state, block, rng)
+        for t in order[r % len(order):] + order[: r % len(order)]:
+            times[t] += time_steps(rec, states[t], block, rng)
     return {t: float(np.median(x)) for t, x in times.items()}
 
 
