@@ -83,6 +83,9 @@ def _aggregate(config, results):
             row[key] = max(r[key] for r in good)
     if "products" in good[0]:  # the product copy each round's process chose
         row["products"] = sorted({r["products"] for r in good})
+        if len(good) > 1:  # round by round, beside the times: does a slow round go with a choice?
+            row["products_rounds"] = [r["products"] for r in good]
+            row["off_line_rows_rounds"] = [r.get("off_line_rows") for r in good]
     return row
 
 
@@ -211,7 +214,8 @@ def _worker(impl: str, causal: bool, N: int, H: int, d: int, repeats: int, threa
         if not check["check_rel_err"] < 1e-3:
             raise SystemExit(f"{impl} differs from the C kernel: {check}")
     if impl.startswith("ff_"):  # the product copy this process timed and chose (level 4)
-        result["products"] = ff.dense_paths()["products"]
+        paths = ff.dense_paths()
+        result["products"], result["off_line_rows"] = paths["products"], paths["off_line_rows"]
     peak_kib = _memory_kib("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result["peak_mib"] = (peak_kib - base_kib) / 1024.0
     return result
