@@ -85,7 +85,7 @@ def _aggregate(config, results):
         row["products"] = sorted({r["products"] for r in good})
         if len(good) > 1:  # round by round, beside the times: does a slow round go with a choice?
             row["products_rounds"] = [r["products"] for r in good]
-            row["off_line_rows_rounds"] = [r.get("off_line_rows") for r in good]
+            row["off_line_rows_rounds"] = [r["off_line_rows"] for r in good]
     return row
 
 
