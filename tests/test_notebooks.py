@@ -15,6 +15,13 @@ def test_the_notebooks_exist():
                      "05_diagnostics.ipynb"]
 
 
+def test_the_notebooks_readme_lists_every_notebook():
+    with open(os.path.join(os.path.dirname(__file__), "..", "notebooks", "README.md")) as fh:
+        readme = fh.read()
+    missing = [os.path.basename(p) for p in NOTEBOOKS if f"| `{os.path.basename(p)}` |" not in readme]
+    assert not missing, f"notebooks/README.md's table lacks {missing}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_committed_notebook_is_stripped(path):
     with open(path) as fh:

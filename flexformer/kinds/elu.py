@@ -34,16 +34,72 @@ def feature_size(p, d):
     return d
 
 
+# Python lists, tuples and numbers take the call's dtype, as the C glue converts them
+_UNTYPED = (list, tuple, int, float)
+
+
+def _queries_keys(q, k, v, dout=None):
+    """q and k as arrays of the call's dtype, checked as the C kernels check every other
+    kind's: the features are computed here, from q and k, before the generic core sees
+    them. The call's dtype is that of the first of q, k, v, dout that has one of its own."""
+    dtype = np.dtype(np.float64)
+    for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout)):
+        if isinstance(x, _UNTYPED) or (name == "dout" and x is None):
+            continue
+        dtype = _as_array(name, x).dtype
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"{name} must have dtype float32 or float64, got {dtype}")
+        break
+    arrays = []
+    for name, x, rows in (("q", q, "Nq"), ("k", k, "Nk")):
+        a = _as_array(name, x, dtype if isinstance(x, _UNTYPED) else None)
+        if a.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
+        if a.ndim != 4:
+            raise ValueError(f"{name} must be a 4-d array of shape (B, H, {rows}, d), got {a.ndim}-d")
+        arrays.append(a)
+    q, k = arrays
+    B, H, _, d = q.shape
+    if d == 0:
+        raise ValueError("q must have a head size d >= 1 (last axis), got 0")
+    if k.shape[:2] != (B, H) or k.shape[3] != d:
+        raise ValueError(f"k must have shape (B, H, Nk, d) = ({B}, {H}, Nk, {d}) to match q, got {k.shape}")
+    return q, k
+
+
+def _as_array(name, x, dtype=None):
+    try:
+        return np.asarray(x, dtype=dtype)
+    except (TypeError, ValueError):
+        into = "" if dtype is None else f" to {dtype}"
+        raise TypeError(f"{name} must be an array of real numbers (a numpy array, or a {type(x).__name__} "
+                        f"NumPy can convert{into}), but NumPy could not convert it") from None
+
+
+def _on_core(call, *args, **kw):
+    """The generic core on the features, its messages in this kind's terms: it names its
+    inputs phi_q and phi_k, which here have the shapes of q and k (F = d)."""
+    try:
+        return call(*args, **kw)
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        if "phi_" not in message:
+            raise
+        for core, user in (("phi_q", "q"), ("phi_k", "k"), ("feature size F", "head size d"), (", F)", ", d)")):
+            message = message.replace(core, user)
+        raise type(err)(message) from None
+
+
 def forward(q, k, v, p, causal, mask, **kw):
-    q, k = np.asarray(q), np.asarray(k)
-    return lin.linear_attention(elu_plus_one(q), elu_plus_one(k), v,
-                                causal=causal, key_mask=mask, **kw)
+    q, k = _queries_keys(q, k, v)
+    return _on_core(lin.linear_attention, elu_plus_one(q), elu_plus_one(k), v,
+                    causal=causal, key_mask=mask, **kw)
 
 
 def backward(dout, q, k, v, p, causal, mask, **kw):
-    q, k = np.asarray(q), np.asarray(k)
-    dpq, dpk, dv = lin.linear_attention_backward(dout, elu_plus_one(q), elu_plus_one(k),
-                                                 v, causal=causal, key_mask=mask, **kw)
+    q, k = _queries_keys(q, k, v, dout)
+    dpq, dpk, dv = _on_core(lin.linear_attention_backward, dout, elu_plus_one(q), elu_plus_one(k),
+                            v, causal=causal, key_mask=mask, **kw)
     dk = (dpk * elu_plus_one_grad(k)).astype(k.dtype)
     if mask is not None:  # 0, not 0 * elu'(k): whatever a masked key holds is never read
         dk[~np.broadcast_to(np.asarray(mask, bool)[:, None, :, None], dk.shape)] = 0
