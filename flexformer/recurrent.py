@@ -349,6 +349,9 @@ def _advance(state: LinearAttentionState, fq, fk, sk, v, eps) -> np.ndarray:
     return out
 
 
+_NO_STATE = object()  # _check_inputs called without a state to check (prefill)
+
+
 class RecurrentAttention:
     """Causal attention of one kind, run as a recurrence.
 
@@ -423,7 +426,7 @@ class RecurrentAttention:
         return spec.forward(q, k, v, self.params, causal=True, key_mask=key_mask,
                             eps=self.eps if spec.key_state else None)
 
-    def _check_inputs(self, q, k, v, key_mask, state: Optional[State] = None):
+    def _check_inputs(self, q, k, v, key_mask, state=_NO_STATE):
         arrays = []
         for name, x in (("q", q), ("k", k), ("v", v)):
             x = np.asarray(x)
@@ -447,7 +450,7 @@ class RecurrentAttention:
             if key_mask.dtype != np.bool_ or key_mask.shape != (B, T):
                 raise ValueError(f"key_mask must be a bool array of shape (B, T) = {(B, T)}, got "
                                  f"{key_mask.dtype} {key_mask.shape}")
-        if state is not None:
+        if state is not _NO_STATE:
             self._check_state(state, q, v)
         return q, k, v, key_mask
 
@@ -459,12 +462,14 @@ class RecurrentAttention:
         e = v.shape[-1]
         if self._kv_cache:
             if not isinstance(state, KVCacheState):
-                raise TypeError(f"state for softmax must be a KVCacheState, got {type(state).__name__}")
+                raise TypeError(f"state for softmax must be a KVCacheState (from prefill or empty_state), "
+                                f"got {type(state).__name__}")
             want, got = (B, H, d, e), state._k.shape[:2] + (state._k.shape[3], state._v.shape[3])
             what = "(B, H, d, e)"
         else:
             if not isinstance(state, LinearAttentionState):
-                raise TypeError(f"state for {self.kind} must be a LinearAttentionState, got {type(state).__name__}")
+                raise TypeError(f"state for {self.kind} must be a LinearAttentionState (from prefill or "
+                                f"empty_state), got {type(state).__name__}")
             want, got = (B, H, _num_features(self.kind, self.params, d), e), state.S.shape
             what = "(B, H, F, e)"
             if state.z.shape != got[:3] or state.R.shape != got[:2] or state.M.shape != got[:2]:

@@ -168,6 +168,11 @@ def test_bad_inputs_raise_clear_errors():
         rec.step(KVCacheState.empty(1, 2, 6, 6), q, k, v)
     with pytest.raises(TypeError, match="KVCacheState"):
         RecurrentAttention("softmax").step(state, q, k, v)
+    for kind, want in (("flex_n", "LinearAttentionState"), ("elu", "LinearAttentionState"), ("softmax", "KVCacheState")):
+        other = rec if kind == "flex_n" else RecurrentAttention(kind)
+        for not_a_state in (None, "state"):
+            with pytest.raises(TypeError, match=f"state for {kind} must be a {want} .* got {type(not_a_state).__name__}"):
+                other.step(not_a_state, q, k, v)
     with pytest.raises(ValueError, match="inconsistent"):
         bad = state.copy()
         bad.z = bad.z[..., :3]
