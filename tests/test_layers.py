@@ -196,3 +196,78 @@ def test_large_inputs_take_the_parallel_path_with_the_same_results():
         assert np.array_equal(a, b)
     for a, b in zip(out[0][4:], out[1][4:]):  # sums over rows: the order of the partial sums differs
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-3)
+
+
+# ------------------------------------------------- bad arguments to the NumPy layers
+from flexformer import nn  # noqa: E402
+
+X32 = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
+LAYER_CASES = [
+    # (what is called, exception, the message in full)
+    (lambda: nn.MultiHeadAttention(8, 0, "flex_n", 0), ValueError, "num_heads must be an int >= 1, got 0"),
+    (lambda: nn.MultiHeadAttention(8, 2, "flex_n", "seed"), TypeError,
+     "rng must be None, an int seed or a numpy Generator, got str"),
+    (lambda: nn.Linear(0, 3, 0), ValueError, "d_in must be an int >= 1, got 0"),
+    (lambda: nn.Linear(4, 3, 0, dtype=np.int64), TypeError, "dtype must be float32 or float64, got int64"),
+    (lambda: nn.Embedding(0, 4, 0), ValueError, "vocab must be an int >= 1, got 0"),
+    (lambda: nn.CausalLM(20, dim=8, heads=0), ValueError, "num_heads must be an int >= 1, got 0"),
+    (lambda: nn.Block(8, 2, "flex_s", 0, mlp_ratio=0), ValueError, "mlp_ratio must be an int >= 1, got 0"),
+    (lambda: nn.MultiHeadAttention(8, 2, "flex_n", 0).forward(X32[0]), ValueError,
+     "x must have shape (B, N, dim) with dim = 8, got (5, 8)"),
+    (lambda: nn.MultiHeadAttention(8, 2, "flex_n", 0).forward(X32[..., :6]), ValueError,
+     "x must have shape (B, N, dim) with dim = 8, got (2, 5, 6)"),
+    (lambda: nn.MultiHeadAttention(8, 2, "flex_n", 0).forward(X32.astype(np.float64)), TypeError,
+     "x must have the layer's dtype float32, got float64"),
+    (lambda: nn.MultiHeadAttention(8, 2, "flex_n", 0).forward(None), TypeError,
+     "x must be a NumPy array (B, N, dim), got NoneType"),
+    (lambda: nn.Block(8, 2, "flex_s", 0).forward(X32.astype(np.int64)), TypeError,
+     "x must have the layer's dtype float32, got int64"),
+    (lambda: nn.Linear(4, 3, 0).forward(X32), ValueError, "x must have shape (..., d_in) with d_in = 4, got (2, 5, 8)"),
+    (lambda: nn.LayerNorm(4).forward(X32), ValueError, "x must have shape (..., dim) with dim = 4, got (2, 5, 8)"),
+    (lambda: nn.Embedding(10, 4, 0).forward(np.array([[1.0, 2.0]])), TypeError,
+     "token ids must be an integer array, got dtype float64"),
+    (lambda: nn.CausalLM(20, dim=8, heads=2).forward(np.array([1, 2])), ValueError,
+     "ids must be a 2-d integer array (B, T), got int64 (2,)"),
+    (lambda: nn.PositionalEncoding(8, 8, 0).forward(X32, offset=-1), ValueError, "offset must be an int >= 0, got -1"),
+]
+BEFORE_FORWARD = {
+    "Linear": lambda: nn.Linear(8, 8, 0), "LayerNorm": lambda: nn.LayerNorm(8), "GELU": lambda: nn.GELU(),
+    "MLP": lambda: nn.MLP(8, 16, 0), "ShortConv": lambda: nn.ShortConv(8, 3),
+    "PositionalEncoding": lambda: nn.PositionalEncoding(8, 8, 0),
+    "MultiHeadAttention": lambda: nn.MultiHeadAttention(8, 2, "flex_n", 0), "Block": lambda: nn.Block(8, 2, "softmax", 0),
+}
+
+
+@pytest.mark.parametrize("call,exc,msg", LAYER_CASES, ids=[c[2][:40] for c in LAYER_CASES])
+def test_layers_name_the_bad_argument(call, exc, msg):
+    with pytest.raises(exc) as err:
+        call()
+    assert str(err.value) == msg
+
+
+@pytest.mark.parametrize("layer_name", BEFORE_FORWARD)
+def test_backward_before_forward_and_a_gradient_of_the_wrong_shape(layer_name):
+    layer = BEFORE_FORWARD[layer_name]()
+    with pytest.raises(RuntimeError, match="backward needs a forward call first"):
+        layer.backward(X32)
+    y = layer.forward(X32)
+    with pytest.raises(ValueError, match=r"dy must have the shape of the last forward's output, \(2, 5, 8\), "
+                                         r"got \(2, 3, 8\)"):
+        layer.backward(y[:, :3])
+    assert layer.backward(np.ones_like(y)).shape == X32.shape
+
+
+def test_layers_take_a_seed_or_a_generator_alike_and_lists_as_their_dtype():
+    a = nn.MultiHeadAttention(8, 2, "flex_n", 3)
+    b = nn.MultiHeadAttention(8, 2, "flex_n", np.random.default_rng(3))
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        np.testing.assert_array_equal(pa.value, pb.value, err_msg=name)
+    np.testing.assert_array_equal(a.forward(X32.tolist()), b.forward(X32))
+
+
+def test_learned_positions_get_the_gradient_at_their_offset():
+    pos = nn.PositionalEncoding(8, 8, 0)
+    pos.forward(X32[:, :3], offset=4)
+    pos.backward(np.ones((2, 3, 8), np.float32))
+    np.testing.assert_array_equal(pos.P.grad[4:7], 2.0)
+    assert not pos.P.grad[:4].any() and not pos.P.grad[7:].any()

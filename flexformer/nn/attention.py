@@ -8,7 +8,9 @@ import numpy as np
 from ..functional import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
-from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_short_conv
+from ..init import RngLike, as_generator
+from .core import (MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_dtype, check_input, check_short_conv,
+                   check_size)
 
 LINFORMER_SHARING = ("none", "headwise", "key-value", "layerwise")
 
@@ -22,6 +24,8 @@ class MultiHeadAttention(Module):
         Model width and heads (dim must be divisible by num_heads).
     attention : str
         A registered kind (``flexformer.attention_kinds()``).
+    rng : None, int or numpy.random.Generator
+        Draws the projections and the kind's initial parameters.
     causal : bool
         Attend to earlier positions only.
     max_len : int
@@ -69,13 +73,15 @@ class MultiHeadAttention(Module):
     ((2, 8, 16), (2, 8, 16))
     """
 
-    def __init__(self, dim: int, num_heads: int, attention: str, rng: np.random.Generator, *,
+    def __init__(self, dim: int, num_heads: int, attention: str, rng: RngLike, *,
                  causal: bool = False, max_len: int = 512, num_features: Optional[int] = None,
                  linformer_sharing: str = "none", shared: Optional[Dict[str, Parameter]] = None,
                  kernel_init: Optional[Dict[str, object]] = None, eps: Optional[float] = None,
                  qk_norm: bool = False, learn_scale: bool = False, short_conv: int = 0,
                  dtype=np.float32):
         super().__init__()
+        dim, num_heads, dtype = check_size("dim", dim), check_size("num_heads", num_heads), check_dtype(dtype)
+        rng = as_generator(rng)
         short_conv = check_short_conv(short_conv)
         if qk_norm and learn_scale:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
@@ -191,7 +197,12 @@ class MultiHeadAttention(Module):
         dy = conv.backward(dy)
         return dy if self._mask is None else dy * np.asarray(self._mask, dy.dtype)[..., None]
 
+    def _check_x(self, x) -> np.ndarray:
+        W = self.q.W.value
+        return check_input("x", x, self.dim, W.dtype, ndim=3, layout="(B, N, dim)")
+
     def forward(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
+        x = self._check_x(x)
         self._q, self._k, self._v, self._qn, self._kn = self._project(x, key_mask)
         self._mask = key_mask
         self._key_state = self._projections = None
@@ -269,6 +280,7 @@ class MultiHeadAttention(Module):
     def prefill(self, x: np.ndarray, key_mask: Optional[np.ndarray] = None):
         """(y, state): the causal forward of x (B, T, dim) and the state after it (a
         :class:`ConvDecodeState` when the layer has short convolutions)."""
+        x = self._check_x(x)
         q, k, v, _, _ = self._project(x, key_mask)
         out, state = self.recurrent().prefill(q, k, v, key_mask)
         if self.convs[0] is not None:
@@ -279,6 +291,7 @@ class MultiHeadAttention(Module):
 
     def step(self, x: np.ndarray, state, key_mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Outputs for T new positions x (B, T, dim), advancing ``state`` in place."""
+        x = self._check_x(x)
         if self.convs[0] is None:
             q, k, v, _, _ = self._project(x, key_mask)
             return self.o.forward(self._merge(self.recurrent().step(state, q, k, v, key_mask)))
@@ -340,7 +353,7 @@ class Block(Module):
     dim, num_heads : int
     attention : str
         A registered attention kind.
-    rng : numpy.random.Generator
+    rng : None, int or numpy.random.Generator
     mlp_ratio : int, optional
         The MLP's hidden width over ``dim``.
     dtype : float32 or float64, optional
@@ -357,9 +370,11 @@ class Block(Module):
     (1, 4, 16)
     """
 
-    def __init__(self, dim: int, num_heads: int, attention: str, rng: np.random.Generator, *,
+    def __init__(self, dim: int, num_heads: int, attention: str, rng: RngLike, *,
                  mlp_ratio: int = 4, dtype=np.float32, **attn_kwargs):
         super().__init__()
+        rng = as_generator(rng)  # one generator for both halves
+        mlp_ratio = check_size("mlp_ratio", mlp_ratio)
         self.ln1 = self.add_child("ln1", LayerNorm(dim, dtype=dtype))
         self.attn = self.add_child("attn", MultiHeadAttention(dim, num_heads, attention, rng, dtype=dtype,
                                                               **attn_kwargs))

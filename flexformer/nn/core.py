@@ -12,7 +12,59 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ..init import RngLike, as_generator
 from ..runtime import _C
+
+
+# ------------------------------------------------------------------ argument checks
+def check_size(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum`` (bools refused); ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_dtype(dtype) -> np.dtype:
+    """A layer's dtype, float32 or float64; TypeError otherwise."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {repr(dtype) if dt is None else dt}")
+    return dt
+
+
+def check_input(name: str, x, width: int, dtype, *, ndim: Optional[int] = None,
+                layout: str = "(..., width)") -> np.ndarray:
+    """``x`` as an array of the layer's ``dtype`` whose last axis has ``width`` entries (and
+    ``ndim`` axes when given): a list or tuple is converted to ``dtype``; an array of
+    another dtype is a TypeError and another shape a ValueError, both naming ``name``."""
+    if isinstance(x, (list, tuple)):
+        try:
+            x = np.asarray(x, dtype=dtype)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be an array of {np.dtype(dtype)}; NumPy could not convert "
+                            f"this {type(x).__name__}") from None
+    elif not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array {layout}, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have the layer's dtype {np.dtype(dtype)}, got {x.dtype}")
+    if (ndim is not None and x.ndim != ndim) or x.ndim == 0 or x.shape[-1] != width:
+        symbol = layout.strip("()").split(",")[-1].strip()
+        raise ValueError(f"{name} must have shape {layout} with {symbol} = {width}, got {x.shape}")
+    return x
+
+
+def check_grad(dy, shape: Optional[tuple], dtype) -> np.ndarray:
+    """``dy`` for a backward: RuntimeError before any forward (``shape`` None), ValueError
+    unless it has the last forward output's ``shape``; converted to the layer's dtype."""
+    if shape is None:
+        raise RuntimeError("backward needs a forward call first: it differentiates the last forward")
+    dy = np.asarray(dy, dtype=dtype)
+    if dy.shape != tuple(shape):
+        raise ValueError(f"dy must have the shape of the last forward's output, {tuple(shape)}, got {dy.shape}")
+    return dy
 
 
 class Parameter:
@@ -124,7 +176,7 @@ class Linear(Module):
     Parameters
     ----------
     d_in, d_out : int
-    rng : numpy.random.Generator
+    rng : None, int or numpy.random.Generator
         Draws W from N(0, scale^2), scale = 1/sqrt(d_in) by default.
     bias : bool, optional
     dtype : float32 or float64, optional
@@ -144,21 +196,28 @@ class Linear(Module):
     (2, 5, 4)
     """
 
-    def __init__(self, d_in: int, d_out: int, rng: np.random.Generator, *, bias: bool = True,
+    def __init__(self, d_in: int, d_out: int, rng: RngLike, *, bias: bool = True,
                  dtype=np.float32, scale: Optional[float] = None):
         super().__init__()
+        d_in, d_out, dtype = check_size("d_in", d_in), check_size("d_out", d_out), check_dtype(dtype)
         scale = 1.0 / np.sqrt(d_in) if scale is None else scale
-        self.W = self.add_param("W", (rng.standard_normal((d_in, d_out)) * scale).astype(dtype))
+        self.W = self.add_param("W", (as_generator(rng).standard_normal((d_in, d_out)) * scale).astype(dtype))
         self.b = self.add_param("b", np.zeros(d_out, dtype), kind="bias") if bias else None
+        self._x = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        W = self.W.value
+        if not (type(x) is np.ndarray and x.dtype == W.dtype and x.ndim and x.shape[-1] == W.shape[0]):
+            x = check_input("x", x, W.shape[0], W.dtype, layout="(..., d_in)")
         self._x = x
-        y = x @ self.W.value
+        y = x @ W
         if self.b is not None:
             y += self.b.value  # in place: a second activation-sized array costs as much as the add
         return y
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
+        W = self.W.value
+        dy = check_grad(dy, None if self._x is None else self._x.shape[:-1] + W.shape[1:], W.dtype)
         x2 = self._x.reshape(-1, self._x.shape[-1])
         dy2 = dy.reshape(-1, dy.shape[-1])
         self.W.grad += x2.T @ dy2
@@ -188,22 +247,28 @@ class LayerNorm(Module):
 
     def __init__(self, dim: int, *, eps: float = 1e-5, dtype=np.float32):
         super().__init__()
+        dim, dtype = check_size("dim", dim), check_dtype(dtype)
         self.eps = eps
         self.gamma = self.add_param("gamma", np.ones(dim, dtype), kind="norm")
         self.beta = self.add_param("beta", np.zeros(dim, dtype), kind="norm")
+        self._shape = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         # one C pass over the rows (``layer_norm_forward``); :func:`layer_norm_reference` is
         # the NumPy twin
+        gamma = self.gamma.value
+        x = check_input("x", x, gamma.shape[0], gamma.dtype, layout="(..., dim)")
         dim = x.shape[-1]
         y, self._xhat, self._inv = _C.layer_norm_forward(np.ascontiguousarray(x).reshape(-1, dim),
-                                                         self.gamma.value, self.beta.value, self.eps)
+                                                         gamma, self.beta.value, self.eps)
+        self._shape = x.shape
         return y.reshape(x.shape)
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
+        dy = check_grad(dy, self._shape, self.gamma.value.dtype)
         dim = self._xhat.shape[-1]
         dx, dgamma, dbeta = _C.layer_norm_backward(
-            np.ascontiguousarray(dy, self._xhat.dtype).reshape(-1, dim), self._xhat, self._inv, self.gamma.value)
+            np.ascontiguousarray(dy).reshape(-1, dim), self._xhat, self._inv, self.gamma.value)
         self.gamma.grad += dgamma
         self.beta.grad += dbeta
         return dx.reshape(dy.shape)
@@ -244,13 +309,16 @@ class GELU(Module):
     array([-0.1588,  0.    ,  0.8412])
     """
 
+    _x = None  # the last forward's input
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         self._x = np.ascontiguousarray(x)
         y, self._w = _C.gelu_forward(self._x.reshape(-1))
         return y.reshape(x.shape)
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        dx = _C.gelu_backward(np.ascontiguousarray(dy, self._x.dtype).reshape(-1), self._x.reshape(-1), self._w)
+        dy = check_grad(dy, None if self._x is None else self._x.shape, None if self._x is None else self._x.dtype)
+        dx = _C.gelu_backward(np.ascontiguousarray(dy).reshape(-1), self._x.reshape(-1), self._w)
         return dx.reshape(self._x.shape)
 
 
@@ -270,7 +338,7 @@ class MLP(Module):
     ----------
     dim, hidden : int
         Input and output width, and the hidden width.
-    rng : numpy.random.Generator
+    rng : None, int or numpy.random.Generator
     dtype : float32 or float64, optional
 
     Examples
@@ -283,8 +351,9 @@ class MLP(Module):
     (2, 3, 8)
     """
 
-    def __init__(self, dim: int, hidden: int, rng: np.random.Generator, *, dtype=np.float32):
+    def __init__(self, dim: int, hidden: int, rng: RngLike, *, dtype=np.float32):
         super().__init__()
+        rng = as_generator(rng)
         self.fc1 = self.add_child("fc1", Linear(dim, hidden, rng, dtype=dtype))
         self.act = GELU()
         self.fc2 = self.add_child("fc2", Linear(hidden, dim, rng, dtype=dtype))
@@ -332,11 +401,15 @@ class ShortConv(Module):
         if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 2:
             raise ValueError(f"width must be an int >= 2, got {width!r}")
         self.width = int(width)
-        w = np.zeros((self.width, dim), dtype)
+        w = np.zeros((self.width, check_size("dim", dim)), check_dtype(dtype))
         w[0] = 1
         self.w = self.add_param("w", w)
 
+    _x = None  # the last forward's input
+
     def forward(self, x: np.ndarray, tail: Optional[np.ndarray] = None) -> np.ndarray:
+        w = self.w.value
+        x = check_input("x", x, w.shape[1], w.dtype, ndim=3, layout="(B, N, dim)")
         if tail is not None:
             full = np.concatenate([tail.astype(x.dtype, copy=False), x], axis=1)
             return _C.short_conv_forward(full, self.w.value)[:, tail.shape[1]:]
@@ -348,7 +421,8 @@ class ShortConv(Module):
         return np.concatenate([tail, x.astype(tail.dtype, copy=False)], axis=1)[:, -(self.width - 1):].copy()
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
-        dx, dw = _C.short_conv_backward(np.ascontiguousarray(dy, self._x.dtype), self._x, self.w.value)
+        dy = check_grad(dy, None if self._x is None else self._x.shape, self.w.value.dtype)
+        dx, dw = _C.short_conv_backward(np.ascontiguousarray(dy), self._x, self.w.value)
         self.w.grad += dw
         return dx
 
@@ -385,7 +459,7 @@ class Embedding(Module):
     Parameters
     ----------
     vocab, dim : int
-    rng : numpy.random.Generator
+    rng : None, int or numpy.random.Generator
     dtype : float32 or float64, optional
 
     Examples
@@ -398,13 +472,18 @@ class Embedding(Module):
     (1, 3, 4)
     """
 
-    def __init__(self, vocab: int, dim: int, rng: np.random.Generator, *, dtype=np.float32):
+    def __init__(self, vocab: int, dim: int, rng: RngLike, *, dtype=np.float32):
         super().__init__()
-        self.vocab = vocab
-        self.W = self.add_param("W", (rng.standard_normal((vocab, dim)) * 0.02).astype(dtype), kind="embedding")
+        self.vocab = vocab = check_size("vocab", vocab)
+        shape, dtype = (vocab, check_size("dim", dim)), check_dtype(dtype)
+        self.W = self.add_param("W", (as_generator(rng).standard_normal(shape) * 0.02).astype(dtype),
+                                kind="embedding")
+        self._ids = None
 
     def forward(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"token ids must be an integer array, got dtype {ids.dtype}")
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab):
             raise ValueError(f"token ids must be in [0, {self.vocab}), got values in "
                              f"[{ids.min()}, {ids.max()}]")
@@ -414,6 +493,8 @@ class Embedding(Module):
     def backward(self, dy: np.ndarray) -> None:
         # rows of dy summed per token id: sort the ids (stably, so each id's rows keep their
         # order) and add runs with reduceat; np.add.at does the same one row at a time
+        W = self.W.value
+        dy = check_grad(dy, None if self._ids is None else self._ids.shape + W.shape[1:], W.dtype)
         ids = self._ids.reshape(-1)
         rows = dy.reshape(-1, dy.shape[-1])
         if ids.size == 0:
@@ -441,7 +522,7 @@ class PositionalEncoding(Module):
     Parameters
     ----------
     max_len, dim : int
-    rng : numpy.random.Generator
+    rng : None, int or numpy.random.Generator
     learned : bool, optional
         A learned table (default) or the fixed sinusoidal one, which extends past max_len.
     dtype : float32 or float64, optional
@@ -457,21 +538,25 @@ class PositionalEncoding(Module):
     True
     """
 
-    def __init__(self, max_len: int, dim: int, rng: np.random.Generator, *, learned: bool = True,
+    def __init__(self, max_len: int, dim: int, rng: RngLike, *, learned: bool = True,
                  dtype=np.float32):
         super().__init__()
-        self.max_len, self.learned = max_len, learned
+        max_len, dim, dtype = check_size("max_len", max_len), check_size("dim", dim), check_dtype(dtype)
+        self.max_len, self.learned, self.dim, self.dtype = max_len, learned, dim, dtype
         if learned:
-            self.P = self.add_param("P", (rng.standard_normal((max_len, dim)) * 0.02).astype(dtype),
+            self.P = self.add_param("P", (as_generator(rng).standard_normal((max_len, dim)) * 0.02).astype(dtype),
                                     kind="embedding")
         else:
             self.table = sinusoidal_positions(np.arange(max_len), dim).astype(dtype)
+        self._shape = None
 
     def forward(self, x: np.ndarray, offset: int = 0) -> np.ndarray:
         """x (B, N, dim) plus the encodings of positions offset .. offset + N - 1.
 
         Learned positions stop at max_len; sinusoidal ones extend past it (recurrent
         decoding of long contexts)."""
+        x = check_input("x", x, self.dim, self.dtype, ndim=3, layout="(B, N, dim)")
+        offset = check_size("offset", offset, 0)
         N = x.shape[1]
         end = offset + N
         if end > self.max_len:
@@ -479,13 +564,15 @@ class PositionalEncoding(Module):
                 raise ValueError(f"position {end - 1} is past the model's max_len {self.max_len} (learned "
                                  f"positions exist for 0..{self.max_len - 1}); use a shorter context or a model "
                                  f"with sinusoidal positions")
+            self._N, self._shape, self._offset = N, x.shape, offset
             return x + sinusoidal_positions(np.arange(offset, end), x.shape[-1]).astype(x.dtype)
-        self._N = N
+        self._N, self._shape, self._offset = N, x.shape, offset
         return x + (self.P.value[offset:end] if self.learned else self.table[offset:end])
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
+        dy = check_grad(dy, self._shape, self.dtype)
         if self.learned:
-            self.P.grad[: self._N] += dy.sum(0)
+            self.P.grad[self._offset: self._offset + self._N] += dy.sum(0)
         return dy
 
 

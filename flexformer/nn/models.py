@@ -32,6 +32,7 @@ class _Backbone(Module):
         self.norm = self.add_child("norm", LayerNorm(dim, dtype=dtype))
 
     def forward(self, ids: np.ndarray, key_mask: Optional[np.ndarray]) -> np.ndarray:
+        ids = _check_ids(ids, self.embed.vocab)
         x = self.pos.forward(self.embed.forward(ids))
         for block in self.blocks:
             x = block.forward(x, key_mask)
