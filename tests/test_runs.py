@@ -121,6 +121,36 @@ def test_bad_training_options_are_one_line(tmp_path, args, words):
     assert not out.exists()  # and no empty run folder is left behind
 
 
+@pytest.mark.parametrize("over, exc, message", [
+    ({"steps": 1.5}, TypeError, "steps must be an int, got 1.5"),
+    ({"batch_size": True}, TypeError, "batch_size must be an int, got True"),
+    ({"seed": "a"}, TypeError, "seed must be an int, got 'a'"),
+    ({"seed": -1}, ValueError, "seed must be >= 0, got -1"),
+    ({"threads": -1}, ValueError, "threads must be 0 (OpenMP's default) or 1..4096, got -1"),
+    ({"qk_norm": 2}, TypeError, "qk_norm must be a bool, got 2"),
+    ({"attention_eps": "x"}, TypeError, "attention_eps must be a number or None, got 'x'"),
+    ({"num_features": 2.0}, TypeError, "num_features must be an int or None, got 2.0"),
+    ({"data_dir": 3}, TypeError, "data_dir must be a string or None, got 3"),
+    ({"dtype": np.float32}, TypeError, "dtype must be a string, got <class 'numpy.float32'>"),
+])
+def test_a_configuration_of_the_wrong_type_is_refused_by_name(tmp_path, over, exc, message):
+    """In Python, where argparse's types do not stand guard (they were NumPy's messages,
+    Python's comparison errors, or a run that trained on a float step count)."""
+    cfg = TrainConfig(**{"task": "listops", "steps": 1, "seq_len": 16, "batch_size": 2, "eval_batches": 1,
+                         "dim": 8, "heads": 2, "depth": 1, **over})
+    with pytest.raises(exc) as err:
+        train(cfg, str(tmp_path / "run"), progress=False)
+    assert str(err.value) == message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_path_for_the_data_folder_is_kept_as_a_string():
+    import pathlib
+    cfg = TrainConfig(task="text-lm", data_dir=pathlib.Path("/some/folder"))
+    assert cfg.data_dir == "/some/folder" and isinstance(cfg.data_dir, str)
+    cfg.validate()
+
+
 def test_run_folder_problems_are_found_before_training(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")

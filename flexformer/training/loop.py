@@ -56,6 +56,30 @@ def _option(default, help: str, **cli):
     return dataclasses.field(default=default, metadata={"help": help, **cli})
 
 
+#: what each field annotation of TrainConfig admits, and how a message names it
+_FIELD_TYPES = {"int": ((int,), "an int"), "float": ((int, float), "a number"), "bool": ((bool,), "a bool"),
+                "str": ((str,), "a string")}
+
+
+def _fits(annotation: str, value) -> bool:
+    """Whether ``value`` fits a TrainConfig field annotated ``annotation`` ("int",
+    "Optional[float]", ...) as JSON keeps it: a bool may be saved as 0 or 1 and a float as
+    an int; an Optional field may hold None."""
+    optional = annotation.startswith("Optional[")
+    base = annotation[len("Optional["):-1] if optional else annotation
+    if value is None:
+        return optional
+    if base == "bool":
+        return isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
+    return not isinstance(value, bool) and isinstance(value, _FIELD_TYPES[base][0])
+
+
+def _kind(annotation: str) -> str:
+    optional = annotation.startswith("Optional[")
+    base = _FIELD_TYPES[annotation[len("Optional["):-1] if optional else annotation][1]
+    return f"{base} or None" if optional else base
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a run (saved in the checkpoint; ``--resume`` reuses it);
@@ -144,6 +168,8 @@ class TrainConfig:
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        if isinstance(self.data_dir, os.PathLike):  # kept as a string: the configuration is saved as JSON
+            self.data_dir = os.fspath(self.data_dir)
 
     @classmethod
     def from_saved(cls, saved: dict) -> "TrainConfig":
@@ -155,20 +181,9 @@ class TrainConfig:
         if unknown:
             raise TypeError(f"the saved configuration has unknown field(s) {', '.join(unknown)}")
         for name, value in saved.items():
-            default = fields[name].default
-            if default is None:  # optional fields: a number or a path, or None
-                ok = value is None or (isinstance(value, (int, float, str)) and not isinstance(value, bool))
-            elif isinstance(default, bool):
-                ok = isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
-            elif isinstance(default, int):
-                ok = isinstance(value, int) and not isinstance(value, bool)
-            elif isinstance(default, float):
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            else:
-                ok = isinstance(value, str)
-            if not ok:
+            if not _fits(fields[name].type, value):
                 raise TypeError(f"the saved configuration's {name} is {value!r}, expected a value like "
-                                f"{default!r}")
+                                f"{fields[name].default!r}")
         return cls(**{**cls.LEGACY, **saved})
 
     def kernel_init(self) -> dict:
@@ -177,6 +192,10 @@ class TrainConfig:
                 "match_tau": bool(self.kernel_init_match_tau)}
 
     def validate(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name not in ("lr", "short_conv") and not _fits(field.type, value):  # those two: below
+                raise TypeError(f"{field.name} must be {_kind(field.type)}, got {value!r}")
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
         get_attention(self.attention)  # lists the choices when unknown
@@ -192,6 +211,10 @@ class TrainConfig:
             raise ValueError(f"clip must be a finite number >= 0 (0 = no clipping), got {self.clip}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if not 0 <= self.threads <= 4096:
+            raise ValueError(f"threads must be 0 (OpenMP's default) or 1..4096, got {self.threads}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.dtype not in ("float32", "float64"):
