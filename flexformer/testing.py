@@ -9,6 +9,7 @@ Example::
 """
 from __future__ import annotations
 
+import collections.abc
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
@@ -123,14 +124,20 @@ def gradcheck(
     True
     """
     kwargs = dict(kwargs or {})
-    xs = [np.array(x, dtype=np.float64, copy=True, order="C") for x in inputs]
+    if isinstance(inputs, (np.ndarray, str)) or not isinstance(inputs, collections.abc.Sequence):
+        raise TypeError(f"inputs must be a list or tuple of the arrays forward takes (e.g. [q, k, v, omega]), "
+                        f"got {type(inputs).__name__}")
     for i, x in enumerate(inputs):
         if np.asarray(x).dtype != np.float64:
             raise TypeError(f"gradcheck needs float64 inputs; input {i} is {np.asarray(x).dtype}")
+    xs = [np.array(x, dtype=np.float64, copy=True, order="C") for x in inputs]
     names = list(names) if names is not None else [f"x{i}" for i in range(len(xs))]
     if len(names) != len(xs):
         raise ValueError(f"names has {len(names)} entries for {len(xs)} inputs")
     wrt = list(range(len(xs))) if wrt is None else list(wrt)
+    bad = [i for i in wrt if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < len(xs)]
+    if bad:
+        raise ValueError(f"wrt must hold indices of inputs, 0 to {len(xs) - 1}; got {bad}")
     out = np.asarray(forward(*xs, **kwargs))
     if dout is None:
         dout = as_generator(rng).standard_normal(out.shape)

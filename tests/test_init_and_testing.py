@@ -75,6 +75,11 @@ def test_gradcheck_needs_float64_and_leaves_inputs_alone():
     with pytest.raises(TypeError, match="float64"):
         gradcheck(ff.flex_s_attention, ff.flex_s_attention_backward,
                   tuple(a.astype(np.float32) for a in args))
+    with pytest.raises(TypeError, match=r"inputs must be a list or tuple of the arrays forward takes \(e\.g\. "
+                                        r"\[q, k, v, omega\]\), got ndarray"):
+        gradcheck(ff.flex_s_attention, ff.flex_s_attention_backward, args[0])
+    with pytest.raises(ValueError, match=r"wrt must hold indices of inputs, 0 to 3; got \[4, -1\]"):
+        gradcheck(ff.flex_s_attention, ff.flex_s_attention_backward, args, wrt=[0, 4, -1])
 
 
 @pytest.mark.parametrize("kind", ff.attention_kinds())
