@@ -1,9 +1,25 @@
-"""Type checks for the keyword flags of the public functions (arrays are checked in C)."""
+"""Checks of the public functions' scalar arguments, with messages naming them (arrays are
+checked in C)."""
 from typing import Any
 
 import numpy as np
 
 from ._C import all_finite
+
+
+def check_int(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum`` (a Python or NumPy integer; bools refused);
+    ValueError naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_split(split: Any) -> str:
+    """A dataset split, "train" or "test"; ValueError otherwise."""
+    if not (isinstance(split, str) and split in ("train", "test")):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    return split
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -39,6 +39,8 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
+from ._checks import check_int
+
 RngLike = Union[None, int, np.random.Generator]
 
 #: default bandwidth scale s of the trig kinds' frequencies (1.0 = the unbiased estimate
@@ -83,8 +85,7 @@ def as_generator(rng: RngLike) -> np.random.Generator:
 
 def _check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int(name, value)
 
 
 def check_scale(scale) -> float:

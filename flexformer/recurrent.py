@@ -33,7 +33,7 @@ import numpy as np
 
 from .runtime import _C
 from . import functional as lin
-from ._checks import check_overflow, check_real
+from ._checks import check_int, check_overflow, check_real
 from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params
 from .registry import features as _features
 from .registry import num_features as _num_features
@@ -253,8 +253,7 @@ State = Union[LinearAttentionState, KVCacheState]
 
 def _check_sizes(**sizes) -> None:
     for name, n in sizes.items():
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+        check_int(name, n)
 
 
 def _float_dtype(name: str, dtype) -> np.dtype:

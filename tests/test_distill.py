@@ -201,7 +201,7 @@ def test_bad_inputs():
         distill_loss("flex_n", q, k, dict(p, tau=p["tau"] * np.nan))
     with pytest.raises(ValueError, match="teacher must have shape"):
         distill_loss("flex_n", q, k, p, teacher=np.zeros((1, 2, 3, 3)))
-    with pytest.raises(ValueError, match="steps must be a positive int"):
+    with pytest.raises(ValueError, match="steps must be an int >= 0"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=-1)
     with pytest.raises(ValueError, match="lr must be finite"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, lr=0.0)

@@ -216,6 +216,52 @@ def test_listops_generator():
     assert evaluate(("[SM", [7, 8, ("[MAX", [1, 5])])) == 0
 
 
+def _two_texts(folder):
+    folder.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (folder / name).write_text("It is a truth universally acknowledged. " * 50)
+    return str(folder)
+
+
+DATA_CASES = [
+    # (what is called, given a folder of two texts; exception; the message in full)
+    (lambda t: ff.data.ListOps(seq_len=4), ValueError, "seq_len must be an int >= 8, got 4"),
+    (lambda t: ff.data.ListOps(seq_len=16, min_len=32), ValueError, "min_len must be at most seq_len = 16, got 32"),
+    (lambda t: ff.data.ListOps(max_depth=0), ValueError, "max_depth must be an int >= 1, got 0"),
+    (lambda t: ff.data.ListOps(max_args=1), ValueError, "max_args must be an int >= 2, got 1"),
+    (lambda t: ff.data.ListOps().batch(0, -1), ValueError, "batch_size must be an int >= 0, got -1"),
+    (lambda t: ff.data.ListOps().batch("seed", 2), TypeError, "rng must be None, an int seed or a numpy Generator, got str"),
+    (lambda t: ff.data.TextLM(t, seq_len=0), ValueError, "seq_len must be an int >= 1, got 0"),
+    (lambda t: ff.data.TextLM(t, seq_len=16).batch(0, 2, split="valid"), ValueError,
+     "split must be 'train' or 'test', got 'valid'"),
+    (lambda t: ff.data.TextClassification(t, seq_len=16, holdout=1.5), ValueError,
+     "holdout must be a fraction between 0 and 1 (exclusive), got 1.5"),
+    (lambda t: ff.data.TextRetrieval(t, seq_len=16, holdout=0), ValueError,
+     "holdout must be a fraction between 0 and 1 (exclusive), got 0"),
+    (lambda t: ff.data.TextLM(os.path.join(t, "a.txt")), FileNotFoundError,
+     None),  # the message: below
+    (lambda t: ff.data.Pathfinder(16).batch(0, 2, split="dev"), ValueError, "split must be 'train' or 'test', got 'dev'"),
+]
+
+
+@pytest.mark.parametrize("call,exc,message", DATA_CASES, ids=[str(i) for i in range(len(DATA_CASES))])
+def test_data_loaders_name_the_bad_argument(tmp_path, call, exc, message):
+    texts = _two_texts(tmp_path / "texts")
+    with pytest.raises(exc) as err:
+        call(texts)
+    if message is None:
+        message = (f"text folder {os.path.join(texts, 'a.txt')} is a file, not a folder: pass --data-dir with "
+                   f"plain-text (.txt) files, e.g. ../shared/data/austen")
+    assert str(err.value) == message
+
+
+def test_data_loaders_take_a_seed_as_the_generator_it_seeds(tmp_path):
+    texts = _two_texts(tmp_path / "texts")
+    for data in (ff.data.ListOps(32), ff.data.TextLM(texts, seq_len=16), ff.data.TextClassification(texts, seq_len=16)):
+        for a, b in zip(data.batch(5, 3), data.batch(np.random.default_rng(5), 3)):
+            np.testing.assert_array_equal(a, b)
+
+
 def run_cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "flexformer", *args], capture_output=True, text=True, **kw)
 

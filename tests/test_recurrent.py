@@ -197,7 +197,7 @@ def test_bad_inputs_raise_clear_errors():
         RecurrentAttention("flex_n", {"omega1": rec.params["omega1"], "omega2": rec.params["omega2"]})
     with pytest.raises(ValueError, match="eps must be finite"):
         RecurrentAttention("elu", eps=0.0)
-    with pytest.raises(ValueError, match="value_dim must be a positive int"):
+    with pytest.raises(ValueError, match="value_dim must be an int >= 1"):
         LinearAttentionState.empty(1, 1, 4, 0)
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
         LinearAttentionState.empty(1, 1, 4, 4, dtype=np.int64)

@@ -13,6 +13,9 @@ from typing import Tuple
 
 import numpy as np
 
+from .._checks import check_int, check_split
+from ..init import RngLike, as_generator
+
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 HOW_TO_GET = ("install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist) "
               "or pass --data-dir with the four IDX files")
@@ -41,8 +44,9 @@ def read_idx(fh) -> np.ndarray:
 def load(folder: str = DEFAULT_DIR, split: str = "train") -> Tuple[np.ndarray, np.ndarray]:
     """(images (n, 784) uint8, labels (n,) int64) of the train or test split."""
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"Fashion-MNIST folder {folder} does not exist: {HOW_TO_GET}")
-    prefix = {"train": "train", "test": "t10k"}[split]
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise FileNotFoundError(f"Fashion-MNIST folder {folder} {what}: {HOW_TO_GET}")
+    prefix = {"train": "train", "test": "t10k"}[check_split(split)]
     with _open(folder, f"{prefix}-images-idx3-ubyte") as fh:
         images = read_idx(fh)
     with _open(folder, f"{prefix}-labels-idx1-ubyte") as fh:
@@ -86,8 +90,10 @@ class FashionMNIST:
         self.train = load(folder, "train")
         self.test = load(folder, "test")
 
-    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
-        images, labels = self.train if split == "train" else self.test
+    def batch(self, rng: RngLike, batch_size: int, split: str = "train"):
+        """(ids (B, 784) int64, mask (B, 784) all True, labels (B,))."""
+        rng, batch_size = as_generator(rng), check_int("batch_size", batch_size, 0)
+        images, labels = self.train if check_split(split) == "train" else self.test
         idx = rng.integers(len(images), size=batch_size)
         ids = images[idx].astype(np.int64)
         return ids, np.ones(ids.shape, bool), labels[idx]

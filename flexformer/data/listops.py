@@ -10,6 +10,9 @@ from typing import List, Tuple, Union
 
 import numpy as np
 
+from .._checks import check_int
+from ..init import RngLike, as_generator
+
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
 VOCAB = ["<pad>"] + [str(i) for i in range(10)] + list(OPERATORS) + ["]"]
 TOKEN = {t: i for i, t in enumerate(VOCAB)}
@@ -68,7 +71,11 @@ class ListOps:
     seq_len : int
         Longest expression in tokens; shorter ones are padded.
     min_len : int
-        Shortest expression kept (default seq_len // 4).
+        Shortest expression kept (default seq_len // 4, at least 3), at most seq_len.
+    max_depth : int
+        Deepest nesting of operators (>= 1).
+    max_args : int
+        Most arguments of one operator (>= 2).
 
     Examples
     --------
@@ -83,11 +90,11 @@ class ListOps:
     vocab_size = len(VOCAB)
 
     def __init__(self, seq_len: int = 128, min_len: int = None, max_depth: int = 10, max_args: int = 5):
-        if seq_len < 8:
-            raise ValueError(f"seq_len must be at least 8 for ListOps, got {seq_len}")
-        self.seq_len = seq_len
-        self.min_len = max(3, seq_len // 4) if min_len is None else min_len
-        self.max_depth, self.max_args = max_depth, max_args
+        self.seq_len = check_int("seq_len", seq_len, 8)
+        self.min_len = max(3, seq_len // 4) if min_len is None else check_int("min_len", min_len, 1)
+        if self.min_len > self.seq_len:
+            raise ValueError(f"min_len must be at most seq_len = {self.seq_len}, got {self.min_len}")
+        self.max_depth, self.max_args = check_int("max_depth", max_depth, 1), check_int("max_args", max_args, 2)
 
     def sample(self, rng: np.random.Generator) -> Tuple[List[str], int]:
         for _ in range(10000):
@@ -98,8 +105,9 @@ class ListOps:
                 return toks, evaluate(tree)
         raise RuntimeError("could not draw an expression of the requested length; change seq_len")
 
-    def batch(self, rng: np.random.Generator, batch_size: int):
+    def batch(self, rng: RngLike, batch_size: int):
         """(ids (B, N) int64, mask (B, N) bool, labels (B,) int64)."""
+        rng, batch_size = as_generator(rng), check_int("batch_size", batch_size, 0)
         ids = np.zeros((batch_size, self.seq_len), np.int64)
         labels = np.zeros(batch_size, np.int64)
         for b in range(batch_size):

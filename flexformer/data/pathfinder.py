@@ -24,21 +24,12 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from .._checks import check_int, check_split
+from ..init import RngLike, as_generator
+
 _SPLIT_TAG = {"train": 0, "test": 1}
 #: the smallest image side (the default curves need the room)
 MIN_SIZE = 16
-
-
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
-def _check_split(split: str) -> str:
-    if split not in _SPLIT_TAG:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return split
 
 
 class Pathfinder:
@@ -75,20 +66,20 @@ class Pathfinder:
     def __init__(self, size: int = 32, *, curve_length: Optional[int] = None, distractors: Optional[int] = None,
                  dash: int = 2, gap: int = 1, turn: float = 0.25, train_examples: int = 32768,
                  test_examples: int = 2048):
-        self.size = _check_int("size", size, MIN_SIZE)
-        self.curve_length = _check_int("curve_length", size // 2 if curve_length is None else curve_length, 2)
+        self.size = check_int("size", size, MIN_SIZE)
+        self.curve_length = check_int("curve_length", size // 2 if curve_length is None else curve_length, 2)
         if self.curve_length > 4 * self.size:
             raise ValueError(f"curve_length must be at most 4 x size = {4 * self.size}, got {curve_length}")
-        self.distractors = _check_int("distractors", (1 if size < 24 else 2) if distractors is None else distractors,
+        self.distractors = check_int("distractors", (1 if size < 24 else 2) if distractors is None else distractors,
                                       0)
-        self.dash = _check_int("dash", dash, 1)
-        self.gap = _check_int("gap", gap, 0)
+        self.dash = check_int("dash", dash, 1)
+        self.gap = check_int("gap", gap, 0)
         if not (np.isfinite(turn) and turn >= 0):
             raise ValueError(f"turn must be a finite number >= 0, got {turn!r}")
         self.turn = float(turn)
         self.seq_len = self.size * self.size
-        self.examples = {"train": _check_int("train_examples", train_examples, 1),
-                         "test": _check_int("test_examples", test_examples, 1)}
+        self.examples = {"train": check_int("train_examples", train_examples, 1),
+                         "test": check_int("test_examples", test_examples, 1)}
         self._cache: dict = {}
         # a new curve's pixels are kept out of this Chebyshev radius around every pixel drawn
         # before (so pixels of two curves are >= gap + 2 apart: no dash gap can join them)
@@ -166,15 +157,16 @@ class Pathfinder:
     def example(self, split: str, index: int) -> Tuple[np.ndarray, int]:
         """Example ``index`` of a split (drawn from the seed [split, index] on first use,
         then kept: a run revisits its examples as LRA's fixed dataset does)."""
-        cache = self._cache.setdefault(_check_split(split), {})
+        cache = self._cache.setdefault(check_split(split), {})
         if index not in cache:
             cache[index] = self.draw([_SPLIT_TAG[split], int(index)])
         return cache[index]
 
-    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
+    def batch(self, rng: RngLike, batch_size: int, split: str = "train"):
         """(ids (B, size^2) int64, mask (B, size^2) all True, labels (B,)): examples drawn
         uniformly from the split's ``examples`` (train and test never share a seed)."""
-        picks = rng.integers(self.examples[_check_split(split)], size=batch_size)
+        rng, batch_size = as_generator(rng), check_int("batch_size", batch_size, 0)
+        picks = rng.integers(self.examples[check_split(split)], size=batch_size)
         images, labels = zip(*(self.example(split, int(i)) for i in picks))
         ids = np.stack(images).reshape(batch_size, -1).astype(np.int64)
         return ids, np.ones(ids.shape, bool), np.array(labels, np.int64)

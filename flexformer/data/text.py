@@ -11,12 +11,16 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._checks import check_int, check_split
+from ..init import RngLike, as_generator
+
 HOW_TO_GET = "pass --data-dir with plain-text (.txt) files, e.g. ../shared/data/austen"
 
 
 def text_files(folder: str) -> List[str]:
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"text folder {folder} does not exist: {HOW_TO_GET}")
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise FileNotFoundError(f"text folder {folder} {what}: {HOW_TO_GET}")
     files = sorted(f for f in os.listdir(folder) if f.endswith(".txt"))
     if len(files) < 2:
         raise FileNotFoundError(f"text folder {folder} needs at least two .txt files, found {len(files)}: "
@@ -61,6 +65,7 @@ class TextLM:
     vocab_size = 256
 
     def __init__(self, folder: str, seq_len: int = 256, eval_file: Optional[str] = None):
+        seq_len = check_int("seq_len", seq_len)
         files = text_files(folder)
         names = [os.path.basename(f) for f in files]
         if eval_file is None:
@@ -74,9 +79,10 @@ class TextLM:
         if min(len(self.train), len(self.test)) <= seq_len + 1:
             raise ValueError(f"the text files in {folder} are shorter than seq_len + 1 = {seq_len + 1} bytes")
 
-    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
+    def batch(self, rng: RngLike, batch_size: int, split: str = "train"):
         """(inputs (B, N), targets (B, N)): windows and the same windows shifted by one."""
-        data = self.train if split == "train" else self.test
+        rng, batch_size = as_generator(rng), check_int("batch_size", batch_size, 0)
+        data = self.train if check_split(split) == "train" else self.test
         start = rng.integers(len(data) - self.seq_len - 1, size=batch_size)
         win = np.stack([data[s: s + self.seq_len + 1] for s in start]).astype(np.int64)
         return win[:, :-1], win[:, 1:]
@@ -110,6 +116,9 @@ class TextClassification:
     vocab_size = 256
 
     def __init__(self, folder: str, seq_len: int = 512, holdout: float = 0.1):
+        seq_len = check_int("seq_len", seq_len)
+        if isinstance(holdout, bool) or not isinstance(holdout, (int, float, np.floating)) or not 0 < holdout < 1:
+            raise ValueError(f"holdout must be a fraction between 0 and 1 (exclusive), got {holdout!r}")
         files = text_files(folder)
         self.names = [os.path.basename(f) for f in files]
         self.num_classes = len(files)
@@ -123,8 +132,11 @@ class TextClassification:
             self.train.append(data[:cut])
             self.test.append(data[cut:])
 
-    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
-        parts = self.train if split == "train" else self.test
+    def batch(self, rng: RngLike, batch_size: int, split: str = "train"):
+        """(ids (B, N) int64, mask (B, N) all True, labels (B,)): windows of uniformly drawn
+        files, labelled with the file's index."""
+        rng, batch_size = as_generator(rng), check_int("batch_size", batch_size, 0)
+        parts = self.train if check_split(split) == "train" else self.test
         labels = rng.integers(self.num_classes, size=batch_size)
         ids = np.stack([parts[c][s: s + self.seq_len] for c, s in
                         ((c, rng.integers(len(parts[c]) - self.seq_len)) for c in labels)]).astype(np.int64)
@@ -169,16 +181,17 @@ class TextRetrieval:
         start = rng.integers(len(part) - self.seq_len)
         return part[start: start + self.seq_len]
 
-    def windows(self, rng: np.random.Generator, count: int, split: str = "train"):
+    def windows(self, rng: RngLike, count: int, split: str = "train"):
         """(ids (count, N) int64, mask (count, N) all True, books (count,)): windows of
         uniformly drawn books, each with the index of its book, for training on every
         pair among them (two windows are related when their books are equal)."""
         return self._books.batch(rng, count, split)
 
-    def batch(self, rng: np.random.Generator, batch_size: int, split: str = "train"):
+    def batch(self, rng: RngLike, batch_size: int, split: str = "train"):
         """(ids (B, 2, N) int64, mask (B, 2, N) all True, labels (B,)): label 1 when the two
         windows of a pair come from one book."""
-        parts = self._books.train if split == "train" else self._books.test
+        rng, batch_size = as_generator(rng), check_int("batch_size", batch_size, 0)
+        parts = self._books.train if check_split(split) == "train" else self._books.test
         n = len(parts)
         labels = rng.integers(2, size=batch_size)
         first = rng.integers(n, size=batch_size)

@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .._checks import check_int
 from .._progress import ProgressLine
 from ..nn.core import Parameter
 from ..registry import attention_kinds, check_param_shapes, feature_backward, features, get_attention, require_params
@@ -412,8 +413,7 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
         raise ValueError(f"kind must be one of {', '.join(DISTILL_KINDS)}, got {kind!r}")
     for name, val_ in (("steps", steps), ("batch_size", batch_size), ("eval_every", eval_every),
                        ("patience", patience)):
-        if isinstance(val_, bool) or not isinstance(val_, (int, np.integer)) or val_ < (0 if name == "steps" else 1):
-            raise ValueError(f"{name} must be a positive int, got {val_!r}")
+        check_int(name, val_, 0 if name == "steps" else 1)
     if not (np.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be finite and > 0, got {lr}")
     _check_soft_floor(soft_floor)

@@ -8,9 +8,9 @@ import numpy as np
 from ..functional import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
+from .._checks import check_int
 from ..init import RngLike, as_generator
-from .core import (MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_dtype, check_input, check_short_conv,
-                   check_size)
+from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_dtype, check_input, check_short_conv
 
 LINFORMER_SHARING = ("none", "headwise", "key-value", "layerwise")
 
@@ -80,7 +80,7 @@ class MultiHeadAttention(Module):
                  qk_norm: bool = False, learn_scale: bool = False, short_conv: int = 0,
                  dtype=np.float32):
         super().__init__()
-        dim, num_heads, dtype = check_size("dim", dim), check_size("num_heads", num_heads), check_dtype(dtype)
+        dim, num_heads, dtype = check_int("dim", dim), check_int("num_heads", num_heads), check_dtype(dtype)
         rng = as_generator(rng)
         short_conv = check_short_conv(short_conv)
         if qk_norm and learn_scale:
@@ -374,7 +374,7 @@ class Block(Module):
                  mlp_ratio: int = 4, dtype=np.float32, **attn_kwargs):
         super().__init__()
         rng = as_generator(rng)  # one generator for both halves
-        mlp_ratio = check_size("mlp_ratio", mlp_ratio)
+        mlp_ratio = check_int("mlp_ratio", mlp_ratio)
         self.ln1 = self.add_child("ln1", LayerNorm(dim, dtype=dtype))
         self.attn = self.add_child("attn", MultiHeadAttention(dim, num_heads, attention, rng, dtype=dtype,
                                                               **attn_kwargs))
