@@ -87,6 +87,11 @@ class LinearAttentionState:
 
     def __init__(self, S: np.ndarray, z: np.ndarray, R: np.ndarray, M: np.ndarray, tokens: int = 0):
         S = np.asarray(S)
+        if S.dtype not in (np.float32, np.float64):
+            raise TypeError(f"S must have dtype float32 or float64, got {S.dtype}")
+        if S.ndim != 4:
+            raise ValueError(f"S must be a 4-d array (B, H, F, e), got shape {S.shape}")
+        tokens = check_int("tokens", tokens, 0)
         B, H, F, e = S.shape
         packed = _packed_zeros(B, H, F, e, S.dtype)
         self._bind(packed, F, e)
@@ -193,6 +198,7 @@ class KVCacheState:
               capacity: int = 64) -> "KVCacheState":
         _check_sizes(batch=batch, heads=heads, head_dim=head_dim, value_dim=value_dim)
         dtype = _float_dtype("dtype", dtype)
+        capacity = check_int("capacity", capacity, 0)
         return cls(np.zeros((batch, heads, capacity, head_dim), dtype),
                    np.zeros((batch, heads, capacity, value_dim), dtype), np.zeros((batch, capacity), bool))
 
@@ -221,8 +227,20 @@ class KVCacheState:
         return self._keep[:, : self.tokens]
 
     def append(self, k: np.ndarray, v: np.ndarray, keep: np.ndarray) -> None:
-        """Add T keys (B, H, T, d), values (B, H, T, e) and their mask (B, T)."""
+        """Add T keys (B, H, T, d), values (B, H, T, e) of the cache's dtype and their mask
+        ``keep`` (B, T) bool (False: a masked key, never attended to)."""
+        B, H, _, d = self._k.shape
+        e = self._v.shape[3]
+        k, v, keep = np.asarray(k), np.asarray(v), np.asarray(keep)
+        if k.dtype != self.dtype or v.dtype != self.dtype:
+            raise TypeError(f"k and v must have the cache's dtype {self.dtype}, got {k.dtype} and {v.dtype}")
+        if k.ndim != 4 or k.shape[:2] != (B, H) or k.shape[3] != d:
+            raise ValueError(f"k must have shape (B, H, T, d) = ({B}, {H}, T, {d}), got {k.shape}")
         T = k.shape[2]
+        if v.shape != (B, H, T, e):
+            raise ValueError(f"v must have shape (B, H, T, e) = ({B}, {H}, {T}, {e}), got {v.shape}")
+        if keep.dtype != np.bool_ or keep.shape != (B, T):
+            raise ValueError(f"keep must be a bool array of shape (B, T) = ({B}, {T}), got {keep.dtype} {keep.shape}")
         need = self.tokens + T
         if need > self._k.shape[2]:  # grow geometrically: amortised O(1) per token
             cap = max(need, 2 * self._k.shape[2])

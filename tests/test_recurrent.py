@@ -204,6 +204,28 @@ def test_bad_inputs_raise_clear_errors():
     assert state.tokens == 0  # nothing above advanced it
 
 
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda c: c.append(np.zeros((1, 2, 3, 4), np.float32), np.zeros((1, 2, 2, 4), np.float32), np.ones((1, 3), bool)),
+     ValueError, "v must have shape (B, H, T, e) = (1, 2, 3, 4), got (1, 2, 2, 4)"),
+    (lambda c: c.append(np.zeros((1, 1, 3, 4), np.float32), np.zeros((1, 1, 3, 4), np.float32), np.ones((1, 3), bool)),
+     ValueError, "k must have shape (B, H, T, d) = (1, 2, T, 4), got (1, 1, 3, 4)"),
+    (lambda c: c.append(np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4)), np.ones((1, 3), bool)),
+     TypeError, "k and v must have the cache's dtype float32, got float64 and float64"),
+    (lambda c: c.append(np.zeros((1, 2, 3, 4), np.float32), np.zeros((1, 2, 3, 4), np.float32), np.ones((1, 3), int)),
+     ValueError, "keep must be a bool array of shape (B, T) = (1, 3), got int64 (1, 3)"),
+    (lambda c: KVCacheState.empty(1, 2, 4, 4, capacity=-1), ValueError, "capacity must be an int >= 0, got -1"),
+    (lambda c: LinearAttentionState(None, None, None, None), TypeError, "S must have dtype float32 or float64, got object"),
+    (lambda c: LinearAttentionState(np.zeros((2, 3, 4)), np.zeros((1, 2, 3)), np.zeros((1, 2)), np.zeros((1, 2))),
+     ValueError, "S must be a 4-d array (B, H, F, e), got shape (2, 3, 4)"),
+])
+def test_states_built_or_grown_by_hand_are_checked(call, exc, message):
+    cache = KVCacheState.empty(1, 2, 4, 4)
+    with pytest.raises(exc) as err:
+        call(cache)
+    assert str(err.value) == message
+    assert cache.tokens == 0
+
+
 # ----------------------------------------------------------------- the model
 
 
