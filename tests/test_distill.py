@@ -205,6 +205,15 @@ def test_bad_inputs():
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=-1)
     with pytest.raises(ValueError, match="lr must be finite"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, lr=0.0)
+    with pytest.raises(TypeError, match="lr must be a float, got str"):
+        fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, lr="1e-3")
+    with pytest.raises(ValueError, match=r"train must be a tuple \(q, k, key_mask\), key_mask None for none, "
+                                         r"got tuple of 2"):
+        fit_kernels("flex_n", (q, k), (q, k, mask), p)
+    with pytest.raises(ValueError, match=r"q must be 4-d \(S, H, N, d\)"):
+        teacher_rows(q[0], k)
+    with pytest.raises(ValueError, match="q and k must have one shape and dtype"):
+        teacher_entropy(q, k[..., :2])
 
 
 # ------------------------------------------------------------ the BERT teacher

@@ -22,6 +22,7 @@ Public: :func:`distill_loss` (loss, per-head losses and analytic gradients),
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_int, check_real
 from .._progress import ProgressLine
 from ..nn.core import Parameter
 from ..registry import attention_kinds, check_param_shapes, feature_backward, features, get_attention, require_params
@@ -44,6 +45,18 @@ DEFAULT_FLOOR = 1e-6
 def _check(kind: str, q, k, key_mask, params):
     if kind not in DISTILL_KINDS:
         raise ValueError(f"kind must be one of {', '.join(DISTILL_KINDS)}, got {kind!r}")
+    q, k, key_mask = _check_queries_keys(q, k, key_mask)
+    require_params(kind, params)
+    params = {n: np.asarray(params[n], dtype=q.dtype) for n in get_attention(kind).params}
+    check_param_shapes(kind, params, q.shape[1], q.shape[3])
+    for n, x in params.items():
+        if not np.isfinite(x).all():
+            raise ValueError(f"{n} must be finite")
+    return q, k, key_mask, params
+
+
+def _check_queries_keys(q, k, key_mask):
+    """q, k (S, H, N, d) of one float dtype and key_mask (S, N) bool (all True for None)."""
     q, k = np.asarray(q), np.asarray(k)
     for name, x in (("q", q), ("k", k)):
         if x.dtype not in (np.float32, np.float64):
@@ -58,13 +71,7 @@ def _check(kind: str, q, k, key_mask, params):
     key_mask = np.asarray(key_mask)
     if key_mask.dtype != np.bool_ or key_mask.shape != (S, N):
         raise ValueError(f"key_mask must be a bool array (S, N) = {(S, N)}, got {key_mask.dtype} {key_mask.shape}")
-    require_params(kind, params)
-    params = {n: np.asarray(params[n], dtype=q.dtype) for n in get_attention(kind).params}
-    check_param_shapes(kind, params, H, d)
-    for n, x in params.items():
-        if not np.isfinite(x).all():
-            raise ValueError(f"{n} must be finite")
-    return q, k, key_mask, params
+    return q, k, key_mask
 
 
 def teacher_rows(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = None,
@@ -92,11 +99,11 @@ def teacher_rows(q: np.ndarray, k: np.ndarray, key_mask: Optional[np.ndarray] = 
     >>> bool(np.allclose(a.sum(-1), 1.0))
     True
     """
-    q, k = np.asarray(q), np.asarray(k)
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    q, k, key_mask = _check_queries_keys(q, k, key_mask)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else check_real("scale", scale)
     logits = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
-    if key_mask is not None:
-        logits = np.where(np.asarray(key_mask)[:, None, None, :], logits, -np.inf)
+    if not key_mask.all():
+        logits = np.where(key_mask[:, None, None, :], logits, -np.inf)
     top = logits.max(-1, keepdims=True)
     a = np.exp(logits - np.where(np.isfinite(top), top, 0))
     den = a.sum(-1, keepdims=True)
@@ -414,8 +421,12 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     for name, val_ in (("steps", steps), ("batch_size", batch_size), ("eval_every", eval_every),
                        ("patience", patience)):
         check_int(name, val_, 0 if name == "steps" else 1)
-    if not (np.isfinite(lr) and lr > 0):
+    if not (math.isfinite(check_real("lr", lr)) and lr > 0):
         raise ValueError(f"lr must be finite and > 0, got {lr}")
+    for name, data in (("train", train), ("val", val)):
+        if not (isinstance(data, (tuple, list)) and len(data) == 3):
+            raise ValueError(f"{name} must be a tuple (q, k, key_mask), key_mask None for none, got "
+                             f"{type(data).__name__} of {len(data) if isinstance(data, (tuple, list)) else '?'}")
     _check_soft_floor(soft_floor)
     if not isinstance(decay, (bool, np.bool_)):
         raise ValueError(f"decay must be a bool, got {decay!r}")
