@@ -120,6 +120,15 @@ def test_bridge_errors():
         attention("flex_n", q, k.detach().numpy(), v, params)
 
 
+
+def test_the_torch_layer_checks_its_options_when_built():
+    from flexformer.torch import MultiHeadAttention
+    with pytest.raises(ValueError, match="backend must be 'auto', 'c' or 'torch', got 'gpu'"):
+        MultiHeadAttention(8, 2, backend="gpu")  # it failed only at the first forward
+    with pytest.raises(ValueError, match="num_heads must be an int >= 1, got 0"):
+        MultiHeadAttention(8, 0)
+
+
 @pytest.mark.parametrize("backend", ["c", "torch"])
 def test_empty_sequences(backend):
     spec, q, k, v, params, mask = _inputs("flex_n")

@@ -392,6 +392,13 @@ def _c_ok(tensors: Sequence[Tensor]) -> bool:
                and t.layout == torch.strided for t in tensors)
 
 
+def check_backend(backend) -> str:
+    """``backend``, one of "auto", "c", "torch"; ValueError otherwise."""
+    if not (isinstance(backend, str) and backend in ("auto", "c", "torch")):
+        raise ValueError(f"backend must be 'auto', 'c' or 'torch', got {backend!r}")
+    return backend
+
+
 def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[str, Tensor]] = None, *,
               causal: bool = False, key_mask: Optional[Tensor] = None, backend: str = "auto") -> Tensor:
     """Attention of a registered kind on torch tensors, differentiable.
@@ -439,8 +446,7 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
     spec = get_attention(kind)
     params = {} if params is None else params
     require_params(kind, params)
-    if backend not in ("auto", "c", "torch"):
-        raise ValueError(f"backend must be 'auto', 'c' or 'torch', got {backend!r}")
+    check_backend(backend)
     if key_mask is not None and key_mask.dtype != torch.bool:
         raise TypeError(f"key_mask must be a bool tensor, got {key_mask.dtype}")
     names = list(spec.params)

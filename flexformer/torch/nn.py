@@ -24,9 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._checks import check_int
 from ..nn.core import check_short_conv
 from ..registry import get_attention
-from .functional import attention
+from .functional import attention, check_backend
 
 
 def _numpy_dtype(dtype) -> type:
@@ -197,9 +198,11 @@ class MultiHeadAttention(nn.Module):
                  max_len: int = 512, num_features: Optional[int] = None, kernel_init: Optional[dict] = None,
                  rng: int = 0, backend: str = "auto", short_conv: int = 0, device=None, dtype=None):
         super().__init__()
+        dim, num_heads = check_int("dim", dim), check_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         get_attention(attention_kind)  # a ValueError naming the kinds, before any allocation
+        check_backend(backend)
         check_short_conv(short_conv, integer_types=int)
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
         factory = dict(device=device, dtype=dtype)
