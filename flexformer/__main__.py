@@ -166,6 +166,25 @@ def train_command(args, argv: Optional[List[str]] = None, parser: Optional[argpa
     return 0
 
 
+#: the train options compare sets itself for every run (their dests in the train parser)
+COMPARE_SETS = {"attention": "--attention", "seed": "--seed", "out": "--out", "resume": "--resume", "quiet": "--quiet"}
+
+
+def check_train_args(train_parser, train_args: List[str]) -> None:
+    """The arguments compare passes on to every train run, refused before any run starts
+    when train would refuse them (each run would fail alike) or when compare sets them."""
+    unset = object()
+    given = argparse.Namespace(**{dest: unset for dest in COMPARE_SETS})
+    given, unknown = train_parser.parse_known_args(train_args, namespace=given)
+    clash = [flag for dest, flag in COMPARE_SETS.items() if getattr(given, dest) is not unset]
+    if clash:
+        raise ValueError(f"{', '.join(clash)} cannot go to the train runs: compare sets them for each run "
+                         f"(the kinds with --attentions, the seeds with --seeds)")
+    if unknown:
+        raise ValueError(f"unrecognized arguments: {' '.join(unknown)} (compare passes the arguments it does "
+                         f"not take to every train run, and train does not take these either)")
+
+
 def compare_command(args) -> int:
     """Each attention kind x seed in its own process (peak memory per run), same budget; or
     a whole suite of tasks (``--suite``)."""
@@ -442,11 +461,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if extra and args.command != "compare":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    threads = getattr(args, "threads", None)
+    if threads is not None and not 0 <= threads <= 4096:
+        print(f"error: --threads must be 0 (OpenMP's default) or 1..4096, got {threads}", file=sys.stderr)
+        return 2
     try:
         if args.command == "train":
             return train_command(args, argv, parser.train_parser)
         if args.command == "compare":
             args.train_args = [a for a in extra if a != "--"]
+            check_train_args(parser.train_parser, args.train_args)
             return compare_command(args)
         if args.command == "generate":
             return generate_command(args)

@@ -151,6 +151,31 @@ def test_a_path_for_the_data_folder_is_kept_as_a_string():
     cfg.validate()
 
 
+def test_compare_refuses_train_arguments_that_every_run_would_refuse_before_starting_any():
+    import time
+    t0 = time.perf_counter()
+    line = one_error_line(cli("compare", "--kinds", "flex_n"))  # a typo of --attentions
+    assert line == ("error: unrecognized arguments: --kinds flex_n (compare passes the arguments it does not "
+                    "take to every train run, and train does not take these either)")
+    # it ran ten kinds x three seeds, each failing alike, before saying so
+    assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.parametrize("command", [["demo"], ["generate", "--checkpoint", "x", "--prompt", "a"], ["train"]])
+def test_threads_out_of_range_name_the_option(command):
+    assert one_error_line(cli(*command, "--threads", "99999")) == \
+        "error: --threads must be 0 (OpenMP's default) or 1..4096, got 99999"
+
+
+def test_compare_refuses_the_train_options_it_sets_for_each_run():
+    from flexformer.__main__ import build_parser, check_train_args
+    train_parser = build_parser().train_parser
+    for given in (["--out", "x"], ["--resume", "x"], ["--quiet"]):
+        with pytest.raises(ValueError, match=f"{given[0]} cannot go to the train runs: compare sets them"):
+            check_train_args(train_parser, ["--steps", "5"] + given)
+    check_train_args(train_parser, ["--steps", "5", "--task", "listops"])
+
+
 def test_run_folder_problems_are_found_before_training(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
