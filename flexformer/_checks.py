@@ -58,3 +58,31 @@ def check_overflow(function: str, results, inputs, hint: str) -> None:
                 f"{function}: the result overflowed {r.dtype} although every input is finite ({hint}); "
                 f"scale the inputs down or use float64")
         return
+
+
+#: the axis letters of check_layouts' layouts, as the messages name them
+_AXES = {"B": "B", "H": "H", "I": "Nq", "J": "Nk", "N": "N", "d": "d", "e": "e", "m": "m", "F": "F"}
+
+
+def check_layouts(**named):
+    """Each ``name=(array, layout)`` as a float64 array, the letters of ``layout`` (one
+    per axis, e.g. "BHId") bound to one size across all the arrays; a TypeError or
+    ValueError naming the first array that does not fit: the NumPy code that uses it (the
+    reference twins, the diagnostics) refuses what the kernels refuse, instead of
+    broadcasting it."""
+    bound, out = {}, []
+    for name, (x, layout) in named.items():
+        try:
+            a = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}") from None
+        axes = ", ".join(_AXES[c] for c in layout)
+        if a.ndim != len(layout):
+            raise ValueError(f"{name} must be a {len(layout)}-d array ({axes}), got shape {a.shape}")
+        for letter, n in zip(layout, a.shape):
+            size, first = bound.setdefault(letter, (n, name))
+            if n != size:
+                raise ValueError(f"{name} must have {_AXES[letter]} = {size} as {first} has ({axes}), "
+                                 f"got shape {a.shape}")
+        out.append(a)
+    return out

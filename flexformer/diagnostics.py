@@ -22,8 +22,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ._checks import check_int, check_layouts
 from .functional import DEFAULT_EPS
-from .registry import attention_kinds, features, get_attention
+from .registry import attention_kinds, check_param_shapes, features, get_attention, require_params
 
 #: kinds whose rows the NumPy feature twins can rebuild (the registry's kinds with a feature map)
 KERNEL_KINDS = tuple(k for k in attention_kinds() if get_attention(k).feature_map is not None)
@@ -108,12 +109,15 @@ def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.nd
     >>> bool(np.allclose(a @ x, ff.flex_s_attention(x, x, x, params["omega"], causal=True)))
     True
     """
-    rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
-    q64, k64 = np.asarray(q, np.float64)[:, :, rows], np.asarray(k, np.float64)
+    q64, k64 = check_layouts(q=(q, "BHId"), k=(k, "BHJd"))
+    rows = np.arange(q64.shape[2]) if rows is None else np.asarray(rows)
+    q64 = q64[:, :, rows]
+    require_params(kind, params)
     p64 = {n: np.asarray(v, np.float64) for n, v in params.items()}
+    check_param_shapes(kind, p64, q64.shape[1], q64.shape[3])
     fq, _ = features(kind, q64, p64)
     fk, sk = features(kind, k64, p64)
-    visible = _visible(rows, k.shape[2], causal, key_mask, q.shape[:2])
+    visible = _visible(rows, k64.shape[2], causal, key_mask, q64.shape[:2])
     w = _shifted_exp(np.broadcast_to(sk[:, :, None, :], visible.shape), visible)
     kern = w * np.einsum("bhif,bhjf->bhij", fq, fk)
     den, R = kern.sum(-1, keepdims=True), w.sum(-1, keepdims=True)
@@ -147,9 +151,13 @@ def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
     >>> bool(np.allclose(a @ x, ff.softmax_attention(x, x, x, causal=True)))
     True
     """
+    q, k = check_layouts(q=(q, "BHId"), k=(k, "BHJd"))
     rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
-    c = np.broadcast_to(np.asarray(scale, np.float64), (q.shape[1],))[None, :, None, None]
-    z = np.einsum("bhid,bhjd->bhij", np.asarray(q, np.float64)[:, :, rows], np.asarray(k, np.float64)) * c
+    scale = np.asarray(scale)
+    if scale.dtype.kind not in "iuf" or scale.shape not in ((), (q.shape[1],)):
+        raise ValueError(f"scale must be a number or one per head ({q.shape[1]},), got {scale.dtype} {scale.shape}")
+    c = np.broadcast_to(scale.astype(np.float64), (q.shape[1],))[None, :, None, None]
+    z = np.einsum("bhid,bhjd->bhij", q[:, :, rows], k) * c
     e = _shifted_exp(z, _visible(rows, k.shape[2], causal, key_mask, q.shape[:2]))
     tot = e.sum(-1, keepdims=True)
     return e / np.where(tot > 0, tot, 1.0)
@@ -198,6 +206,7 @@ def sample_rows(n: int, count: int) -> np.ndarray:
     >>> sample_rows(10, 3)
     array([0, 4, 9])
     """
+    n, count = check_int("n", n, 0), check_int("count", count, 0)
     if n <= count:
         return np.arange(n)
     return np.unique(np.linspace(0, n - 1, count).round().astype(int))
@@ -241,6 +250,8 @@ def layer_diagnostics(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str,
     >>> len(report["kernel_tv"])
     2
     """
+    q, k = check_layouts(q=(q, "BHId"), k=(k, "BHJd"))
+    rows, batch = check_int("rows", rows), check_int("batch", batch)
     B, H, N, d = q.shape
     out: dict = {}
     if guard_count is not None:

@@ -11,6 +11,8 @@ from typing import Optional
 
 import numpy as np
 
+from ._checks import check_layouts
+
 
 def flex_s_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
     """phi(x) = exp(|x|^2 / (2 sqrt d)) m^-1/2 [cos(W x), sin(W x)]: (B, H, N, 2m).
@@ -34,8 +36,7 @@ def flex_s_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
     >>> phi.shape
     (1, 2, 8, 32)
     """
-    x = np.asarray(x, dtype=np.float64)
-    omega = np.asarray(omega, dtype=np.float64)
+    x, omega = check_layouts(x=(x, "BHNd"), omega=(omega, "Hmd"))
     d, m = x.shape[-1], omega.shape[1]
     proj = np.einsum("bhnd,hmd->bhnm", x, omega)
     scale = np.exp((x * x).sum(-1, keepdims=True) / (2.0 * np.sqrt(d))) / np.sqrt(m)
@@ -65,11 +66,11 @@ def flex_n_phi(x: np.ndarray, omega1: np.ndarray, omega2: np.ndarray, tau: np.nd
     >>> phi.shape
     (1, 2, 8, 32)
     """
-    x = np.asarray(x, dtype=np.float64)
+    x, omega1, omega2, tau = check_layouts(x=(x, "BHNd"), omega1=(omega1, "Hmd"), omega2=(omega2, "Hmd"), tau=(tau, "H"))
     m = omega1.shape[1]
-    pa = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega1, dtype=np.float64))
-    pb = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega2, dtype=np.float64))
-    tau = np.asarray(tau, dtype=np.float64)[None, :, None, None]
+    pa = np.einsum("bhnd,hmd->bhnm", x, omega1)
+    pb = np.einsum("bhnd,hmd->bhnm", x, omega2)
+    tau = tau[None, :, None, None]
     scale = np.exp((x * x).sum(-1, keepdims=True) / np.exp(tau)) / np.sqrt(4.0 * m)
     return scale * np.concatenate([np.cos(pa) + np.cos(pb), np.sin(pa) + np.sin(pb)], axis=-1)
 
@@ -147,7 +148,8 @@ def kernel_attention(
     >>> bool(np.allclose(out, ff.linear_attention(pq, pk, v))), bool(guarded.any())
     (True, False)
     """
-    v = np.asarray(v, dtype=np.float64)
+    phi_q, phi_k, v, bound_q, bound_k = check_layouts(phi_q=(phi_q, "BHIF"), phi_k=(phi_k, "BHJF"), v=(v, "BHJe"),
+                                                 bound_q=(bound_q, "BHI"), bound_k=(bound_k, "BHJ"))
     K = np.einsum("bhif,bhjf->bhij", phi_q, phi_k)
     Rb = bound_q[..., :, None] * bound_k[..., None, :]
     visible = visible_pairs(K.shape, causal=causal, key_mask=key_mask)
@@ -189,6 +191,7 @@ def flex_s_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4):
     >>> bool(np.allclose(ff.reference.flex_s_attention(q, k, v, omega, causal=True), ff.flex_s_attention(q, k, v, omega, causal=True)))
     True
     """
+    q, k, v, omega = check_layouts(q=(q, "BHId"), k=(k, "BHJd"), v=(v, "BHJe"), omega=(omega, "Hmd"))
     coef = 1.0 / (2.0 * np.sqrt(q.shape[-1]))
     out, _ = kernel_attention(
         flex_s_phi(q, omega), flex_s_phi(k, omega), v, _bound(q, coef), _bound(k, coef),
@@ -219,7 +222,9 @@ def flex_n_attention(q, k, v, omega1, omega2, tau, *, causal=False, key_mask=Non
     >>> bool(np.allclose(ff.reference.flex_n_attention(q, k, v, o1, o2, tau, causal=True), ff.flex_n_attention(q, k, v, o1, o2, tau, causal=True)))
     True
     """
-    coef = np.exp(-np.asarray(tau, dtype=np.float64))[None, :, None]
+    q, k, v, omega1, omega2, tau = check_layouts(q=(q, "BHId"), k=(k, "BHJd"), v=(v, "BHJe"), omega1=(omega1, "Hmd"),
+                                            omega2=(omega2, "Hmd"), tau=(tau, "H"))
+    coef = np.exp(-tau)[None, :, None]
     out, _ = kernel_attention(
         flex_n_phi(q, omega1, omega2, tau), flex_n_phi(k, omega1, omega2, tau), v,
         _bound(q, coef), _bound(k, coef), causal=causal, key_mask=key_mask, eps=eps,
@@ -248,9 +253,7 @@ def softmax_attention(q, k, v, *, causal=False, key_mask=None, scale=None):
     >>> bool(np.allclose(ff.reference.softmax_attention(q, k, v, causal=True), ff.softmax_attention(q, k, v, causal=True)))
     True
     """
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
+    q, k, v = check_layouts(q=(q, "BHId"), k=(k, "BHJd"), v=(v, "BHJe"))
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     logits = np.einsum("bhid,bhjd->bhij", q, k) * scale
     visible = visible_pairs(logits.shape, causal=causal, key_mask=key_mask)
@@ -284,8 +287,9 @@ def performer_phi(x: np.ndarray, omega: np.ndarray) -> np.ndarray:
     >>> phi.shape
     (1, 2, 8, 16)
     """
-    x = np.asarray(x, dtype=np.float64) * x.shape[-1] ** -0.25
-    proj = np.einsum("bhnd,hmd->bhnm", x, np.asarray(omega, dtype=np.float64))
+    x, omega = check_layouts(x=(x, "BHNd"), omega=(omega, "Hmd"))
+    x = x * x.shape[-1] ** -0.25
+    proj = np.einsum("bhnd,hmd->bhnm", x, omega)
     return np.exp(proj - 0.5 * (x * x).sum(-1, keepdims=True)) / np.sqrt(omega.shape[1])
 
 
@@ -311,7 +315,8 @@ def hedgehog_phi(x: np.ndarray, W: np.ndarray) -> np.ndarray:
     >>> phi.shape
     (1, 2, 8, 8)
     """
-    proj = np.einsum("bhnd,hdm->bhnm", np.asarray(x, dtype=np.float64), np.asarray(W, dtype=np.float64))
+    x, W = check_layouts(x=(x, "BHNd"), W=(W, "Hdm"))
+    proj = np.einsum("bhnd,hdm->bhnm", x, W)
     z = np.concatenate([proj, -proj], axis=-1)
     z = np.exp(z - z.max(-1, keepdims=True))
     return z / z.sum(-1, keepdims=True)
@@ -338,8 +343,7 @@ def linear_attention(phi_q, phi_k, v, *, causal=False, key_mask=None, eps=1e-4):
     >>> bool(np.allclose(ff.reference.linear_attention(np.exp(q), np.exp(k), v), ff.linear_attention(np.exp(q), np.exp(k), v)))
     True
     """
-    phi_q = np.asarray(phi_q, dtype=np.float64)
-    phi_k = np.asarray(phi_k, dtype=np.float64)
+    phi_q, phi_k, v = check_layouts(phi_q=(phi_q, "BHIF"), phi_k=(phi_k, "BHJF"), v=(v, "BHJe"))
     out, _ = kernel_attention(phi_q, phi_k, v, np.linalg.norm(phi_q, axis=-1),
                               np.linalg.norm(phi_k, axis=-1), causal=causal, key_mask=key_mask, eps=eps)
     return out
@@ -367,8 +371,9 @@ def performer_attention(q, k, v, omega, *, causal=False, key_mask=None, eps=1e-4
     >>> bool(np.allclose(ff.reference.performer_attention(q, k, v, omega, causal=True), ff.performer_attention(q, k, v, omega, causal=True)))
     True
     """
-    x = np.asarray(q, dtype=np.float64) * q.shape[-1] ** -0.25
-    y = np.asarray(k, dtype=np.float64) * k.shape[-1] ** -0.25
+    q, k, v, omega = check_layouts(q=(q, "BHId"), k=(k, "BHJd"), v=(v, "BHJe"), omega=(omega, "Hmd"))
+    x = q * q.shape[-1] ** -0.25
+    y = k * k.shape[-1] ** -0.25
     # exp(-|x'|^2/2 + max_i w_i.x') bounds |phi(x)| (every entry is at most that / sqrt(m))
     bq = np.exp(-0.5 * (x * x).sum(-1) + np.einsum("bhnd,hmd->bhnm", x, omega).max(-1))
     bk = np.exp(-0.5 * (y * y).sum(-1) + np.einsum("bhnd,hmd->bhnm", y, omega).max(-1))
@@ -399,6 +404,7 @@ def hedgehog_attention(q, k, v, W, *, causal=False, key_mask=None, eps=1e-4):
     >>> bool(np.allclose(ff.reference.hedgehog_attention(q, k, v, W), ff.hedgehog_attention(q, k, v, W)))
     True
     """
+    q, k, v, W = check_layouts(q=(q, "BHId"), k=(k, "BHJd"), v=(v, "BHJe"), W=(W, "Hdm"))
     ones_q = np.ones(q.shape[:-1])
     ones_k = np.ones(k.shape[:-1])
     out, _ = kernel_attention(hedgehog_phi(q, W), hedgehog_phi(k, W), v, ones_q, ones_k,
@@ -428,8 +434,7 @@ def linformer_attention(q, k, v, E, F, *, key_mask=None, scale=None):
     >>> bool(np.allclose(ff.reference.linformer_attention(q, k, v, E, E), ff.linformer_attention(q, k, v, E, E)))
     True
     """
-    k = np.asarray(k, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
+    q, k, v = check_layouts(q=(q, "BHId"), k=(k, "BHJd"), v=(v, "BHJe"))
     Nk = k.shape[2]
     if key_mask is not None:
         keep = np.asarray(key_mask, dtype=bool)[:, None, :, None]
