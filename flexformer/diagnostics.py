@@ -154,7 +154,7 @@ def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
     q, k = check_layouts(q=(q, "BHId"), k=(k, "BHJd"))
     rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
     scale = np.asarray(scale)
-    if scale.dtype.kind not in "iuf" or scale.shape not in ((), (q.shape[1],)):
+    if scale.dtype.kind not in "iuf" or scale.shape not in ((), (1,), (q.shape[1],)):
         raise ValueError(f"scale must be a number or one per head ({q.shape[1]},), got {scale.dtype} {scale.shape}")
     c = np.broadcast_to(scale.astype(np.float64), (q.shape[1],))[None, :, None, None]
     z = np.einsum("bhid,bhjd->bhij", q[:, :, rows], k) * c

@@ -43,6 +43,11 @@ def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1
     >>> np.round(numerical_gradient(lambda: float((x ** 2).sum()), x), 6)
     array([2., 4.])
     """
+    if not callable(loss):
+        raise TypeError(f"loss must be a callable taking no arguments, got {type(loss).__name__}")
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float64):
+        raise TypeError(f"x must be a float64 NumPy array (the one loss reads, perturbed in place), got "
+                        f"{type(x).__name__}{'' if not isinstance(x, np.ndarray) else ' of ' + str(x.dtype)}")
     grad = np.zeros_like(x, dtype=np.float64)
     flat, gflat = x.reshape(-1), grad.reshape(-1)
     if not np.shares_memory(flat, x):
@@ -292,7 +297,12 @@ def check_cross_entropy_gradients(model, inputs: Sequence, targets: np.ndarray, 
     >>> max(errors.values()) < 1e-5
     True
     """
-    from .nn import cross_entropy
+    from .nn import Module, cross_entropy
+
+    if not isinstance(model, Module):
+        raise TypeError(f"model must be a flexformer.nn model (a Module), got {type(model).__name__}")
+    if isinstance(inputs, np.ndarray) or not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"inputs must be a tuple of model.forward's arguments, got {type(inputs).__name__}")
 
     def loss_and_backward():
         model.zero_grad()

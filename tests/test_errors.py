@@ -153,3 +153,55 @@ def test_elu_lists_take_the_dtype_of_the_arrays_beside_them():
     np.testing.assert_array_equal(got, ff.attention("elu", q, k, v, {}))
     grads = ff.attention_backward("elu", np.ones_like(v), q.tolist(), k, v, {})
     assert grads[0].dtype == np.float32
+
+
+# Every public callable of the package, given garbage for its required arguments, answers
+# with an exception that says what is wrong (the types below), never an AttributeError,
+# IndexError, ZeroDivisionError or the like from deep inside.
+PUBLIC_MODULES = ["flexformer", "flexformer.init", "flexformer.testing", "flexformer.reference",
+                  "flexformer.diagnostics", "flexformer.nn", "flexformer.data", "flexformer.distill",
+                  "flexformer.recurrent", "flexformer.training"]
+GARBAGE = [None, "x", -1, 1.5, object(), np.zeros((2, 3)), [[1, 2], [3]]]
+CLEAR = (TypeError, ValueError, FileNotFoundError, RuntimeError, MemoryError, FloatingPointError)
+# these change the process (threads, caches) or start a run
+LEFT_OUT = {"train", "set_num_threads", "set_buffer_cache", "set_causal_cache"}
+
+
+def _public_callables():
+    import importlib
+    import inspect
+    seen, found = set(), []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")]):
+            obj = getattr(module, name, None)
+            if not callable(obj) or name in LEFT_OUT or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            try:
+                params = inspect.signature(obj).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                                                   p.POSITIONAL_OR_KEYWORD)]
+            found.append((f"{module_name}.{name}", obj, len(required)))
+    return found
+
+
+def test_every_public_callable_answers_garbage_with_a_clear_error(tmp_path, monkeypatch):
+    import warnings
+    monkeypatch.chdir(tmp_path)  # nothing a call might write lands in the checkout
+    callables = _public_callables()
+    assert len(callables) > 100
+    unclear = []
+    for name, obj, n in callables:
+        for garbage in GARBAGE:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    obj(*[garbage] * n)
+            except CLEAR:
+                pass
+            except Exception as exc:  # noqa: BLE001 (what is being looked for)
+                unclear.append(f"{name}({garbage!r:.20}, ...): {type(exc).__name__}: {str(exc)[:80]}")
+    assert not unclear, "\n".join(unclear)

@@ -359,8 +359,8 @@ def evaluate(kind: str, q, k, key_mask, params: Params, *, batch_size: int = 64,
     >>> bool((ce >= fd.teacher_entropy(q, k) - 1e-9).all())     # cross-entropy >= entropy
     True
     """
-    q = np.asarray(q)
-    key_mask = np.ones(q.shape[:1] + q.shape[2:3], bool) if key_mask is None else np.asarray(key_mask)
+    q, k, key_mask, params = _check(kind, q, k, key_mask, params)
+    batch_size = check_int("batch_size", batch_size)
     total = np.zeros(q.shape[1])
     rows = 0
     for lo in range(0, len(q), batch_size):

@@ -596,9 +596,21 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray,
     >>> round(loss, 4), dlogits.shape
     (1.3863, (2, 4))
     """
+    logits, targets = np.asarray(logits), np.asarray(targets)
+    if logits.dtype.kind != "f" or logits.ndim == 0:
+        raise TypeError(f"logits must be a float array (..., C), got {logits.dtype} {logits.shape}")
+    if targets.dtype.kind not in "iu" or targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets must be an integer array of shape {logits.shape[:-1]} (the logits' but the last), "
+                         f"got {targets.dtype} {targets.shape}")
     C = logits.shape[-1]
+    if targets.size and (targets.min() < 0 or targets.max() >= C):
+        raise ValueError(f"targets must be class indices in [0, {C}), got values in [{targets.min()}, {targets.max()}]")
+    if weights is not None:
+        weights = np.asarray(weights)
+        if weights.dtype.kind not in "biuf" or weights.shape != targets.shape:
+            raise ValueError(f"weights must be a real array of shape {targets.shape}, got {weights.dtype} {weights.shape}")
     z = logits.reshape(-1, C).astype(np.float64)
-    t = np.asarray(targets).reshape(-1)
+    t = targets.reshape(-1)
     w = np.ones(len(t)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
     total = w.sum()
     if total <= 0:

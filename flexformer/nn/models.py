@@ -1,11 +1,13 @@
 """The two models: an encoder classifier (mean-pooled) and a causal language model."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from .._checks import check_int, check_real
 from ..init import RngLike, as_generator
 from ..recurrent import State
 from .attention import Block
@@ -354,8 +356,7 @@ class CausalLM(Module):
         prompt = np.asarray(prompt)
         if prompt.ndim != 1 or prompt.size < 1:
             raise ValueError(f"prompt must be a non-empty 1-d array of token ids, got shape {prompt.shape}")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        num_tokens = check_int("num_tokens", num_tokens, 0)
         if not (isinstance(temperature, (int, float, np.floating)) and np.isfinite(temperature)
                 and temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
@@ -399,7 +400,16 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: Optional[int], r
     >>> sample_token(np.array([0.1, 2.0, 0.3]), 0.0, None, np.random.default_rng(0))
     1
     """
-    z = np.asarray(logits, dtype=np.float64)
+    z = np.asarray(logits)
+    if z.dtype.kind not in "iuf" or z.ndim != 1 or z.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-d array of real numbers, got {z.dtype} {z.shape}")
+    z = z.astype(np.float64)
+    temperature = check_real("temperature", temperature)
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None:
+        check_int("top_k", top_k)
+    rng = as_generator(rng)
     if temperature == 0:
         return int(np.argmax(z))
     if top_k is not None and top_k < z.size:

@@ -35,6 +35,9 @@ def save(path: str, params: Dict[str, np.ndarray], opt_state: Dict[str, np.ndarr
     >>> os.path.exists(path)
     True
     """
+    for name, value in (("params", params), ("opt_state", opt_state), ("meta", meta)):
+        if not isinstance(value, dict):
+            raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
     arrays = {"param/" + k: v for k, v in params.items()}
     arrays.update({"opt/" + k: v for k, v in opt_state.items()})
     arrays["meta"] = np.array(json.dumps({"format": FORMAT, **meta}))

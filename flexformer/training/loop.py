@@ -458,6 +458,8 @@ def evaluate(cfg: TrainConfig, model, data, batches: Optional[int] = None) -> di
     >>> sorted(evaluate(cfg, model, build_data(cfg), batches=1))
     ['eval_accuracy', 'eval_loss']
     """
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
     losses, correct, count = [], 0, 0
     for i in range(cfg.eval_batches if batches is None else batches):
         batch = batch_for(cfg, data, 10_000_000 + i, "test")

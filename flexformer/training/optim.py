@@ -9,6 +9,19 @@ import numpy as np
 from ..nn.core import Parameter
 
 
+def _pairs(named) -> List[Tuple[str, Parameter]]:
+    """``named`` as a list of (name, Parameter) pairs; TypeError otherwise."""
+    pairs = list(named) if isinstance(named, (list, tuple)) or hasattr(named, "__iter__") else None
+    if pairs is None or isinstance(named, (str, np.ndarray)):
+        raise TypeError(f"named must be (name, Parameter) pairs as Module.named_parameters() gives, got "
+                        f"{type(named).__name__}")
+    for i, item in enumerate(pairs):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Parameter)):
+            raise TypeError(f"named must be (name, Parameter) pairs as Module.named_parameters() gives; "
+                            f"item {i} is {type(item).__name__}")
+    return pairs
+
+
 class AdamW:
     """AdamW (Loshchilov and Hutter, 2019) over named Parameters.
 
@@ -55,7 +68,7 @@ class AdamW:
         if not (np.isfinite(kernel_lr_scale) and kernel_lr_scale > 0):
             raise ValueError(f"kernel_lr_scale must be a finite number > 0, got {kernel_lr_scale}")
         self.kernel_lr_scale = float(kernel_lr_scale)
-        self.params: List[Tuple[str, Parameter]] = [(n, p) for n, p in named if p.grad is not None]
+        self.params: List[Tuple[str, Parameter]] = [(n, p) for n, p in _pairs(named) if p.grad is not None]
         self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
         self.no_decay = tuple(no_decay)
         self.t = 0
@@ -160,6 +173,7 @@ def clip_global_norm(named: Sequence[Tuple[str, Parameter]], max_norm: float) ->
     (5.0, [0.6000000000000001, 0.8])
     """
     total = 0.0
+    named = _pairs(named)
     for _, p in named:
         if p.grad is not None:
             total += float(np.sum(p.grad.astype(np.float64) ** 2))
