@@ -15,6 +15,17 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_float_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
+    """``dtype`` as a NumPy dtype, float32 or float64; TypeError naming ``name`` otherwise."""
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from None
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+    return dt
+
+
 def check_split(split: Any) -> str:
     """A dataset split, "train" or "test"; ValueError otherwise."""
     if not (isinstance(split, str) and split in ("train", "test")):

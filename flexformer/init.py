@@ -39,7 +39,7 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_float_dtype, check_int
 
 RngLike = Union[None, int, np.random.Generator]
 
@@ -79,6 +79,8 @@ def as_generator(rng: RngLike) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
     if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+        if rng is not None and rng < 0:
+            raise ValueError(f"rng must be a seed >= 0, got {rng}")
         return np.random.default_rng(rng)
     raise TypeError(f"rng must be None, an int seed or a numpy Generator, got {type(rng).__name__}")
 
@@ -144,13 +146,6 @@ def check_spread(spread) -> float:
     return float(spread)
 
 
-def _check_dtype(dtype) -> np.dtype:
-    dt = np.dtype(dtype)
-    if dt not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    return dt
-
-
 def gaussian_frequencies(
     num_heads: int,
     num_features: int,
@@ -193,7 +188,7 @@ def gaussian_frequencies(
     True
     """
     _check_sizes(num_heads=num_heads, num_features=num_features, head_dim=head_dim)
-    dt = _check_dtype(dtype)
+    dt = check_float_dtype(dtype)
     scale = check_scale(scale)
     gen = as_generator(rng)
     H, m, d = int(num_heads), int(num_features), int(head_dim)
@@ -329,7 +324,7 @@ def flex_n_params(
         z1, z2 = (gaussian_frequencies(num_heads, num_features, head_dim, rng=gen, orthogonal=orthogonal,
                                        scale=scale) for _ in range(2))
         omega1, omega2 = keep * centre + spread * z1, keep * centre + spread * z2
-    dt = _check_dtype(dtype)
+    dt = check_float_dtype(dtype)
     tau_value = np.log(2.0 * np.sqrt(head_dim) / (scale * scale if match_tau else 1.0))
     tau = np.full(int(num_heads), tau_value, dtype=dt)
     return omega1.astype(dt), omega2.astype(dt), tau
@@ -429,7 +424,7 @@ def performer_omega(
     (2, 32, 16)
     """
     w = gaussian_frequencies(num_heads, num_features, head_dim, rng=rng, orthogonal=orthogonal)
-    return (w * head_dim ** 0.25).astype(_check_dtype(dtype))
+    return (w * head_dim ** 0.25).astype(check_float_dtype(dtype))
 
 
 def redraw(omega: np.ndarray, *, rng: RngLike = None, orthogonal: bool = True) -> np.ndarray:
@@ -500,7 +495,7 @@ def hedgehog_weights(
     """
     m = head_dim if num_features is None else num_features
     _check_sizes(num_heads=num_heads, head_dim=head_dim, num_features=m)
-    dt = _check_dtype(dtype)
+    dt = check_float_dtype(dtype)
     if m == head_dim:
         # a C-ordered copy: astype of the broadcast view kept its strides, and the kernels
         # copied the non-contiguous W on every call (a third of a decoding step)
@@ -551,7 +546,7 @@ def linformer_projections(
     if num_heads is not None:
         _check_sizes(num_heads=num_heads)
         shape = (num_heads,) + shape
-    dt = _check_dtype(dtype)
+    dt = check_float_dtype(dtype)
     return (as_generator(rng).standard_normal(shape) / np.sqrt(proj_len)).astype(dt)
 
 __all__ = ["DEFAULT_SCALE", "DEFAULT_SPREAD", "DEFAULT_MATCH_TAU", "as_generator", "check_scale", "check_spread", "flex_n_expected_kernel", "flex_n_params", "flex_s_omega", "gaussian_frequencies", "hedgehog_weights", "linformer_projections", "performer_omega", "redraw"]

@@ -252,9 +252,9 @@ def dense_paths(dtype=np.float32) -> dict:
     >>> sorted(ff.dense_paths(np.float64))
     ['off_line_rows', 'products', 'row_dots']
     """
-    dt = np.dtype(dtype)
-    if dt not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    from ._checks import check_float_dtype  # here: _checks imports _C, which this module loads first
+
+    dt = check_float_dtype(dtype)
     products, off_line_rows = _C.dense_copies(dt == np.float64)
     # the row dots have no AVX-512 copy: AVX2 at most
     row_dots = products if products in ("plain", "base") else "avx2"

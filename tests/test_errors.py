@@ -205,3 +205,25 @@ def test_every_public_callable_answers_garbage_with_a_clear_error(tmp_path, monk
             except Exception as exc:  # noqa: BLE001 (what is being looked for)
                 unclear.append(f"{name}({garbage!r:.20}, ...): {type(exc).__name__}: {str(exc)[:80]}")
     assert not unclear, "\n".join(unclear)
+
+
+KEYWORD_GARBAGE = ["x", -1, 1.5, object(), np.zeros((2, 3)), [[1, 2], [3]], float("nan")]
+
+
+@pytest.mark.parametrize("kind", ff.attention_kinds())
+@pytest.mark.parametrize("keyword", ["num_features", "max_len", "rng", "dtype"])
+def test_every_kind_refuses_garbage_init_options_it_may_not_even_use(kind, keyword):
+    spec = ff.get_attention(kind)
+    extra = {"max_len": 6} if kind == "linformer" and keyword != "max_len" else {}
+    for garbage in KEYWORD_GARBAGE:
+        with pytest.raises((TypeError, ValueError), match=keyword):
+            spec.init(2, 4, **extra, **{keyword: garbage})
+
+
+@pytest.mark.parametrize("keyword", ["causal", "max_len", "qk_norm", "learn_scale", "eps", "kernel_init", "dtype"])
+def test_the_numpy_attention_layer_refuses_garbage_options(keyword):
+    for garbage in KEYWORD_GARBAGE:
+        if keyword == "eps" and isinstance(garbage, float) and garbage == 1.5:
+            continue  # a valid guard
+        with pytest.raises((TypeError, ValueError), match=keyword):
+            ff.nn.MultiHeadAttention(8, 2, "flex_n", 0, **{keyword: garbage})

@@ -10,6 +10,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from .._checks import check_float_dtype, check_int
+from ..init import as_generator
 from ..runtime import _C
 from .. import functional as lin
 
@@ -106,6 +108,13 @@ class AttentionKind:
         if unknown:
             takes = ", ".join(self.init_options) or "no options"
             raise ValueError(f"{self.name}.init: unknown option(s) {', '.join(unknown)}; it takes {takes}")
+        # the common arguments, checked here for every kind (those a kind does not use too)
+        num_heads, head_dim = check_int("num_heads", num_heads), check_int("head_dim", head_dim)
+        for name, value in (("num_features", num_features), ("max_len", max_len)):
+            if value is not None:
+                check_int(name, value)
+        as_generator(rng)  # its TypeError or ValueError; the kind draws from rng itself
+        dtype = check_float_dtype(dtype)
         return self._init(num_heads, head_dim, num_features, max_len, rng, dtype, **options)
 
     @property

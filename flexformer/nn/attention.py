@@ -1,6 +1,7 @@
 """Multi-head attention over any registered attention kind, and the pre-LN block."""
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional
 
 import numpy as np
@@ -8,7 +9,7 @@ import numpy as np
 from ..functional import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
-from .._checks import check_int
+from .._checks import check_bool, check_int, check_real
 from ..init import RngLike, as_generator
 from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_dtype, check_input, check_short_conv
 
@@ -81,6 +82,12 @@ class MultiHeadAttention(Module):
                  dtype=np.float32):
         super().__init__()
         dim, num_heads, dtype = check_int("dim", dim), check_int("num_heads", num_heads), check_dtype(dtype)
+        max_len = check_int("max_len", max_len)
+        causal, qk_norm, learn_scale = (check_bool(name, value) for name, value in
+                                        (("causal", causal), ("qk_norm", qk_norm), ("learn_scale", learn_scale)))
+        eps = check_real("eps", eps, optional=True)
+        if eps is not None and not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps must be a finite number > 0, got {eps}")
         rng = as_generator(rng)
         short_conv = check_short_conv(short_conv)
         if qk_norm and learn_scale:
@@ -102,6 +109,9 @@ class MultiHeadAttention(Module):
         self.o = self.add_child("o", Linear(dim, dim, rng, dtype=dtype))
         self.convs = [self.add_child(f"conv_{name}", ShortConv(dim, short_conv, dtype=dtype))
                       if short_conv else None for name in "qkv"]
+        if kernel_init is not None and not isinstance(kernel_init, dict):
+            raise TypeError(f"kernel_init must be a dict of the kind's initialisation options or None, got "
+                            f"{type(kernel_init).__name__}")
         options = {k: v for k, v in (kernel_init or {}).items() if k in self.kind.init_options}
         init = self.kind.init(num_heads, self.dh, num_features=num_features, max_len=max_len, rng=rng,
                               dtype=dtype, **options)

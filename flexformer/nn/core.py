@@ -12,23 +12,13 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from .._checks import check_float_dtype as check_dtype
 from .._checks import check_int
 from ..init import RngLike, as_generator
 from ..runtime import _C
 
 
 # ------------------------------------------------------------------ argument checks
-def check_dtype(dtype) -> np.dtype:
-    """A layer's dtype, float32 or float64; TypeError otherwise."""
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {repr(dtype) if dt is None else dt}")
-    return dt
-
-
 def check_input(name: str, x, width: int, dtype, *, ndim: Optional[int] = None,
                 layout: str = "(..., width)") -> np.ndarray:
     """``x`` as an array of the layer's ``dtype`` whose last axis has ``width`` entries (and

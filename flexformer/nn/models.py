@@ -20,6 +20,7 @@ class _Backbone(Module):
                  num_features: Optional[int], linformer_sharing: str, kernel_init, dtype, eps=None,
                  qk_norm=False, learn_scale=False, short_conv=0):
         super().__init__()
+        depth = check_int("depth", depth, 0)
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
         self.embed = self.add_child("embed", Embedding(vocab, dim, rng, dtype=dtype))
