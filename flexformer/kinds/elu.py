@@ -39,9 +39,10 @@ _UNTYPED = (list, tuple, int, float)
 
 
 def _queries_keys(q, k, v, dout=None):
-    """q and k as arrays of the call's dtype, checked as the C kernels check every other
-    kind's: the features are computed here, from q and k, before the generic core sees
-    them. The call's dtype is that of the first of q, k, v, dout that has one of its own."""
+    """q and k as arrays of the call's dtype, refused here when the feature map could not
+    take them (the features are computed from q and k before the generic core sees them;
+    their shapes are the core's to check, in _on_core's terms). The call's dtype is that of
+    the first of q, k, v, dout that has one of its own, as in the C glue."""
     dtype = np.dtype(np.float64)
     for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout)):
         if isinstance(x, _UNTYPED) or (name == "dout" and x is None):
@@ -51,20 +52,12 @@ def _queries_keys(q, k, v, dout=None):
             raise TypeError(f"{name} must have dtype float32 or float64, got {dtype}")
         break
     arrays = []
-    for name, x, rows in (("q", q, "Nq"), ("k", k, "Nk")):
+    for name, x in (("q", q), ("k", k)):
         a = _as_array(name, x, dtype if isinstance(x, _UNTYPED) else None)
         if a.dtype != dtype:
             raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
-        if a.ndim != 4:
-            raise ValueError(f"{name} must be a 4-d array of shape (B, H, {rows}, d), got {a.ndim}-d")
         arrays.append(a)
-    q, k = arrays
-    B, H, _, d = q.shape
-    if d == 0:
-        raise ValueError("q must have a head size d >= 1 (last axis), got 0")
-    if k.shape[:2] != (B, H) or k.shape[3] != d:
-        raise ValueError(f"k must have shape (B, H, Nk, d) = ({B}, {H}, Nk, {d}) to match q, got {k.shape}")
-    return q, k
+    return arrays
 
 
 def _as_array(name, x, dtype=None):
