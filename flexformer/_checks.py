@@ -15,6 +15,12 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_sizes(**sizes: Any) -> None:
+    """Each ``name=value`` an int >= 1 (:func:`check_int`)."""
+    for name, value in sizes.items():
+        check_int(name, value)
+
+
 def check_float_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
     """``dtype`` as a NumPy dtype, float32 or float64; TypeError naming ``name`` otherwise."""
     try:

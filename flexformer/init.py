@@ -39,7 +39,7 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-from ._checks import check_float_dtype, check_int
+from ._checks import check_float_dtype, check_sizes
 
 RngLike = Union[None, int, np.random.Generator]
 
@@ -83,11 +83,6 @@ def as_generator(rng: RngLike) -> np.random.Generator:
             raise ValueError(f"rng must be a seed >= 0, got {rng}")
         return np.random.default_rng(rng)
     raise TypeError(f"rng must be None, an int seed or a numpy Generator, got {type(rng).__name__}")
-
-
-def _check_sizes(**sizes: int) -> None:
-    for name, value in sizes.items():
-        check_int(name, value)
 
 
 def check_scale(scale) -> float:
@@ -187,7 +182,7 @@ def gaussian_frequencies(
     ...                  (W[0] / np.linalg.norm(W[0], axis=1, keepdims=True)).T, np.eye(4)))
     True
     """
-    _check_sizes(num_heads=num_heads, num_features=num_features, head_dim=head_dim)
+    check_sizes(num_heads=num_heads, num_features=num_features, head_dim=head_dim)
     dt = check_float_dtype(dtype)
     scale = check_scale(scale)
     gen = as_generator(rng)
@@ -494,7 +489,7 @@ def hedgehog_weights(
     True
     """
     m = head_dim if num_features is None else num_features
-    _check_sizes(num_heads=num_heads, head_dim=head_dim, num_features=m)
+    check_sizes(num_heads=num_heads, head_dim=head_dim, num_features=m)
     dt = check_float_dtype(dtype)
     if m == head_dim:
         # a C-ordered copy: astype of the broadcast view kept its strides, and the kernels
@@ -541,10 +536,10 @@ def linformer_projections(
     >>> ff.init.linformer_projections(64, 1024, 8, rng=0).shape
     (8, 64, 1024)
     """
-    _check_sizes(proj_len=proj_len, max_len=max_len)
+    check_sizes(proj_len=proj_len, max_len=max_len)
     shape = (proj_len, max_len)
     if num_heads is not None:
-        _check_sizes(num_heads=num_heads)
+        check_sizes(num_heads=num_heads)
         shape = (num_heads,) + shape
     dt = check_float_dtype(dtype)
     return (as_generator(rng).standard_normal(shape) / np.sqrt(proj_len)).astype(dt)

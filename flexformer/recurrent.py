@@ -33,7 +33,7 @@ import numpy as np
 
 from .runtime import _C
 from . import functional as lin
-from ._checks import check_float_dtype, check_int, check_overflow, check_real
+from ._checks import check_float_dtype, check_int, check_overflow, check_real, check_sizes
 from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params
 from .registry import features as _features
 from .registry import num_features as _num_features
@@ -132,7 +132,7 @@ class LinearAttentionState:
     def empty(cls, batch: int, heads: int, features: int, value_dim: int,
               dtype=np.float32) -> "LinearAttentionState":
         """A state that has seen no tokens."""
-        _check_sizes(batch=batch, heads=heads, features=features, value_dim=value_dim)
+        check_sizes(batch=batch, heads=heads, features=features, value_dim=value_dim)
         dtype = check_float_dtype(dtype, "dtype")
         state = cls._from_packed(_packed_zeros(batch, heads, features, value_dim, dtype), features, value_dim, 0)
         state._M[...] = -np.inf
@@ -196,7 +196,7 @@ class KVCacheState:
     @classmethod
     def empty(cls, batch: int, heads: int, head_dim: int, value_dim: int, dtype=np.float32,
               capacity: int = 64) -> "KVCacheState":
-        _check_sizes(batch=batch, heads=heads, head_dim=head_dim, value_dim=value_dim)
+        check_sizes(batch=batch, heads=heads, head_dim=head_dim, value_dim=value_dim)
         dtype = check_float_dtype(dtype, "dtype")
         capacity = check_int("capacity", capacity, 0)
         return cls(np.zeros((batch, heads, capacity, head_dim), dtype),
@@ -267,11 +267,6 @@ class KVCacheState:
 
 
 State = Union[LinearAttentionState, KVCacheState]
-
-
-def _check_sizes(**sizes) -> None:
-    for name, n in sizes.items():
-        check_int(name, n)
 
 
 def _shift_exp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
