@@ -9,9 +9,9 @@ import numpy as np
 from ..functional import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
-from .._checks import check_bool, check_int, check_real
+from .._checks import check_bool, check_float_dtype, check_int, check_real
 from ..init import RngLike, as_generator
-from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_dtype, check_input, check_short_conv
+from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_input, check_short_conv
 
 LINFORMER_SHARING = ("none", "headwise", "key-value", "layerwise")
 
@@ -81,7 +81,7 @@ class MultiHeadAttention(Module):
                  qk_norm: bool = False, learn_scale: bool = False, short_conv: int = 0,
                  dtype=np.float32):
         super().__init__()
-        dim, num_heads, dtype = check_int("dim", dim), check_int("num_heads", num_heads), check_dtype(dtype)
+        dim, num_heads, dtype = check_int("dim", dim), check_int("num_heads", num_heads), check_float_dtype(dtype)
         max_len = check_int("max_len", max_len)
         causal, qk_norm, learn_scale = (check_bool(name, value) for name, value in
                                         (("causal", causal), ("qk_norm", qk_norm), ("learn_scale", learn_scale)))

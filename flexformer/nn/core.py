@@ -12,8 +12,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import check_float_dtype as check_dtype
-from .._checks import check_int
+from .._checks import check_float_dtype, check_int
 from ..init import RngLike, as_generator
 from ..runtime import _C
 
@@ -183,7 +182,7 @@ class Linear(Module):
     def __init__(self, d_in: int, d_out: int, rng: RngLike, *, bias: bool = True,
                  dtype=np.float32, scale: Optional[float] = None):
         super().__init__()
-        d_in, d_out, dtype = check_int("d_in", d_in), check_int("d_out", d_out), check_dtype(dtype)
+        d_in, d_out, dtype = check_int("d_in", d_in), check_int("d_out", d_out), check_float_dtype(dtype)
         scale = 1.0 / np.sqrt(d_in) if scale is None else scale
         self.W = self.add_param("W", (as_generator(rng).standard_normal((d_in, d_out)) * scale).astype(dtype))
         self.b = self.add_param("b", np.zeros(d_out, dtype), kind="bias") if bias else None
@@ -231,7 +230,7 @@ class LayerNorm(Module):
 
     def __init__(self, dim: int, *, eps: float = 1e-5, dtype=np.float32):
         super().__init__()
-        dim, dtype = check_int("dim", dim), check_dtype(dtype)
+        dim, dtype = check_int("dim", dim), check_float_dtype(dtype)
         self.eps = eps
         self.gamma = self.add_param("gamma", np.ones(dim, dtype), kind="norm")
         self.beta = self.add_param("beta", np.zeros(dim, dtype), kind="norm")
@@ -385,7 +384,7 @@ class ShortConv(Module):
         if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 2:
             raise ValueError(f"width must be an int >= 2, got {width!r}")
         self.width = int(width)
-        w = np.zeros((self.width, check_int("dim", dim)), check_dtype(dtype))
+        w = np.zeros((self.width, check_int("dim", dim)), check_float_dtype(dtype))
         w[0] = 1
         self.w = self.add_param("w", w)
 
@@ -459,7 +458,7 @@ class Embedding(Module):
     def __init__(self, vocab: int, dim: int, rng: RngLike, *, dtype=np.float32):
         super().__init__()
         self.vocab = vocab = check_int("vocab", vocab)
-        shape, dtype = (vocab, check_int("dim", dim)), check_dtype(dtype)
+        shape, dtype = (vocab, check_int("dim", dim)), check_float_dtype(dtype)
         self.W = self.add_param("W", (as_generator(rng).standard_normal(shape) * 0.02).astype(dtype),
                                 kind="embedding")
         self._ids = None
@@ -525,7 +524,7 @@ class PositionalEncoding(Module):
     def __init__(self, max_len: int, dim: int, rng: RngLike, *, learned: bool = True,
                  dtype=np.float32):
         super().__init__()
-        max_len, dim, dtype = check_int("max_len", max_len), check_int("dim", dim), check_dtype(dtype)
+        max_len, dim, dtype = check_int("max_len", max_len), check_int("dim", dim), check_float_dtype(dtype)
         self.max_len, self.learned, self.dim, self.dtype = max_len, learned, dim, dtype
         if learned:
             self.P = self.add_param("P", (as_generator(rng).standard_normal((max_len, dim)) * 0.02).astype(dtype),
