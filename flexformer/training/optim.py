@@ -11,10 +11,10 @@ from ..nn.core import Parameter
 
 def _pairs(named) -> List[Tuple[str, Parameter]]:
     """``named`` as a list of (name, Parameter) pairs; TypeError otherwise."""
-    pairs = list(named) if isinstance(named, (list, tuple)) or hasattr(named, "__iter__") else None
-    if pairs is None or isinstance(named, (str, np.ndarray)):
+    if isinstance(named, (str, np.ndarray)) or not hasattr(named, "__iter__"):
         raise TypeError(f"named must be (name, Parameter) pairs as Module.named_parameters() gives, got "
                         f"{type(named).__name__}")
+    pairs = list(named)
     for i, item in enumerate(pairs):
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Parameter)):
             raise TypeError(f"named must be (name, Parameter) pairs as Module.named_parameters() gives; "
