@@ -369,7 +369,7 @@ class CausalLM(Module):
         logits, cache = self.prefill(prompt[None, :])
         out = []
         for i in range(num_tokens):
-            token = sample_token(logits[0, -1], temperature, top_k, gen)
+            token = _sample(logits[0, -1].astype(np.float64), temperature, top_k, gen)
             out.append(token)
             if on_token is not None:
                 on_token(token)
@@ -410,7 +410,12 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: Optional[int], r
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if top_k is not None:
         check_int("top_k", top_k)
-    rng = as_generator(rng)
+    return _sample(z, temperature, top_k, as_generator(rng))
+
+
+def _sample(z: np.ndarray, temperature: float, top_k: Optional[int], rng: np.random.Generator) -> int:
+    """sample_token's draw from float64 logits z, on arguments already checked (generate
+    checks them once, not at every token)."""
     if temperature == 0:
         return int(np.argmax(z))
     if top_k is not None and top_k < z.size:
