@@ -85,6 +85,7 @@ def test_readme_python_blocks_run():
     exec(compile(blocks[0], "README NumPy block", "exec"), scope)
     assert scope["out"].shape == (2, 4, 1024, 64) and scope["dtau"].shape == (4,)
     pytest.importorskip("torch")
+    scope = {}  # each block is whole on its own: a reader may copy just that one
     exec(compile(blocks[1], "README PyTorch block", "exec"), scope)
     assert scope["q"].grad is not None and scope["params"]["tau"].grad is not None
 
