@@ -51,6 +51,8 @@ SHAPES = [
 
 PROGRAM = r"""
 #define _POSIX_C_SOURCE 200112L /* clock_gettime, posix_memalign */
+#include "kernels_f32.c" /* the kernels' three sources as one unit: main reaches static copies */
+#include "kernels_f64.c"
 #include "kernels.c"
 #include "buffer_cache.c"
 #include <stdio.h>

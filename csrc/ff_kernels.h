@@ -7,7 +7,7 @@
  * linattn_core.inc); nthreads <= 0 means the OpenMP default. The linear kinds' forward can
  * also write their key_state ((B,H,F*e+F+2), bidirectional only, NULL to skip), which their
  * backward then reads in place of the key pass. The _f32 and _f64 variants are the same
- * source compiled for float and double (kernels.c). */
+ * source compiled for float and double (kernels_f32.c, kernels_f64.c). */
 #ifndef FF_KERNELS_H
 #define FF_KERNELS_H
 
@@ -26,6 +26,11 @@ int ff_cap_thread_level(int cap);
 const char *ff_product_copy(int use_double);
 /* how that copy treats rows off a 64-byte line: "copy" (to its panel) or "in_place" */
 const char *ff_off_line_rows(int use_double);
+/* the same two answers for one dtype (dense.inc, compiled per dtype) */
+const char *ff_product_copy_name_f32(void);
+const char *ff_product_copy_name_f64(void);
+const char *ff_off_line_rows_name_f32(void);
+const char *ff_off_line_rows_name_f64(void);
 int ff_max_threads(void);
 
 /* One attention call in a kind-independent form; arrays are float or double by the

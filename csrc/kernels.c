@@ -1,39 +1,8 @@
-/* Instantiates every kernel body twice, once per dtype: the bodies (*.inc) are
- * written against `real` and name their functions through FF(), which expands its
- * argument first (so FF_ISA_FN(name) can name a per-instruction-set copy). */
+/* What the kernels share across both dtypes: the settings read by every kernel (the causal
+ * cache's budget, the calling thread's instruction-set cap) and the questions the module
+ * asks about the build. The kernels themselves are in kernels_f32.c and kernels_f64.c. */
 #include "ff_common.h"
 #include "ff_kernels.h"
-
-#define FF(name) FF_PASTE(name, _f32)
-#define real float
-#define R_EXP expf
-#define R_SIN sinf
-#define R_COS cosf
-#define R_FABS fabsf
-#define R_SQRT sqrtf
-#define R_LOG logf
-#define FF_DOUBLE 0
-#include "kernels_dtype.inc"
-#undef FF
-#undef real
-#undef R_EXP
-#undef R_SIN
-#undef R_COS
-#undef R_FABS
-#undef R_SQRT
-#undef R_LOG
-#undef FF_DOUBLE
-
-#define FF(name) FF_PASTE(name, _f64)
-#define real double
-#define R_EXP exp
-#define R_SIN sin
-#define R_COS cos
-#define R_FABS fabs
-#define R_SQRT sqrt
-#define R_LOG log
-#define FF_DOUBLE 1
-#include "kernels_dtype.inc"
 
 size_t ff_causal_cache_limit = (size_t)256 << 20;
 
@@ -65,16 +34,7 @@ int ff_isa_level(void)
  * run-time dispatch. */
 const char *ff_product_copy(int use_double)
 {
-    (void)use_double;
-#if !defined(__GNUC__) || defined(FF_PLAIN_DENSE)
-    return "plain";
-#elif FF_X86_DISPATCH
-    if (ff_cpu_level() < 3)
-        return "base";
-    return ff_products_names[use_double ? wide_copies_f64() : wide_copies_f32()];
-#else
-    return "base";
-#endif
+    return use_double ? ff_product_copy_name_f64() : ff_product_copy_name_f32();
 }
 
 /* How the dense products treat rows of B that sit off a 64-byte line: "copy" (to the AVX-512
@@ -82,12 +42,7 @@ const char *ff_product_copy(int use_double)
  * FLEXFORMER_OFF_LINE_ROWS); "in_place" wherever no AVX-512 copy runs them. */
 const char *ff_off_line_rows(int use_double)
 {
-    (void)use_double;
-#if defined(__GNUC__) && !defined(FF_PLAIN_DENSE) && FF_X86_DISPATCH
-    return ff_off_line_names[use_double ? copies_off_line_f64() : copies_off_line_f32()];
-#else
-    return "in_place";
-#endif
+    return use_double ? ff_off_line_rows_name_f64() : ff_off_line_rows_name_f32();
 }
 
 void ff_set_causal_cache_bytes(size_t bytes)

@@ -1,7 +1,8 @@
 /* The one file that speaks the CPython / NumPy C API: it parses arguments, converts
  * and checks every array (naming the argument and the expected shape or dtype in the
  * error), allocates outputs, releases the GIL around the pure C kernels and maps
- * their status codes to Python exceptions. The kernels themselves live in kernels.c. */
+ * their status codes to Python exceptions.
+ * The kernels themselves live in kernels_f32.c / kernels_f64.c (one source, two dtypes). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
