@@ -16,12 +16,3 @@
 #define R_LOG logf
 #define FF_DOUBLE 0
 #include "kernels_dtype.inc"
-#undef FF
-#undef real
-#undef R_EXP
-#undef R_SIN
-#undef R_COS
-#undef R_FABS
-#undef R_SQRT
-#undef R_LOG
-#undef FF_DOUBLE

@@ -16,12 +16,3 @@
 #define R_LOG log
 #define FF_DOUBLE 1
 #include "kernels_dtype.inc"
-#undef FF
-#undef real
-#undef R_EXP
-#undef R_SIN
-#undef R_COS
-#undef R_FABS
-#undef R_SQRT
-#undef R_LOG
-#undef FF_DOUBLE
