@@ -32,6 +32,14 @@ def check_float_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
     return dt
 
 
+def native(x: np.ndarray) -> np.ndarray:
+    """``x`` in this machine's byte order. An array read from a file written on a big-endian
+    machine (dtype ``'>f4'``) holds the same numbers as a native one, and the C glue converts
+    it as it reads it; NumPy's dtype comparisons tell the two orders apart (``'>f4'`` is not
+    float32), so the Python checks look at native arrays. A copy only for the other order."""
+    return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
+
+
 def check_split(split: Any) -> str:
     """A dataset split, "train" or "test"; ValueError otherwise."""
     if not (isinstance(split, str) and split in ("train", "test")):

@@ -33,7 +33,7 @@ import numpy as np
 
 from .runtime import _C
 from . import functional as lin
-from ._checks import check_float_dtype, check_int, check_overflow, check_real, check_sizes
+from ._checks import check_float_dtype, check_int, check_overflow, check_real, check_sizes, native
 from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params
 from .registry import features as _features
 from .registry import num_features as _num_features
@@ -86,7 +86,7 @@ class LinearAttentionState:
     """
 
     def __init__(self, S: np.ndarray, z: np.ndarray, R: np.ndarray, M: np.ndarray, tokens: int = 0):
-        S = np.asarray(S)
+        S = native(np.asarray(S))
         if S.dtype not in (np.float32, np.float64):
             raise TypeError(f"S must have dtype float32 or float64, got {S.dtype}")
         if S.ndim != 4:
@@ -231,7 +231,7 @@ class KVCacheState:
         ``keep`` (B, T) bool (False: a masked key, never attended to)."""
         B, H, _, d = self._k.shape
         e = self._v.shape[3]
-        k, v, keep = np.asarray(k), np.asarray(v), np.asarray(keep)
+        k, v, keep = native(np.asarray(k)), native(np.asarray(v)), np.asarray(keep)
         if k.dtype != self.dtype or v.dtype != self.dtype:
             raise TypeError(f"k and v must have the cache's dtype {self.dtype}, got {k.dtype} and {v.dtype}")
         if k.ndim != 4 or k.shape[:2] != (B, H) or k.shape[3] != d:
@@ -431,7 +431,7 @@ class RecurrentAttention:
     def _check_inputs(self, q, k, v, key_mask, state=_NO_STATE):
         arrays = []
         for name, x in (("q", q), ("k", k), ("v", v)):
-            x = np.asarray(x)
+            x = native(np.asarray(x))
             if x.dtype not in (np.float32, np.float64):
                 raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
             if x.ndim != 4:

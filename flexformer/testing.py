@@ -45,7 +45,7 @@ def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1
     """
     if not callable(loss):
         raise TypeError(f"loss must be a callable taking no arguments, got {type(loss).__name__}")
-    if not (isinstance(x, np.ndarray) and x.dtype == np.float64):
+    if not (isinstance(x, np.ndarray) and x.dtype.newbyteorder("=") == np.float64):
         raise TypeError(f"x must be a float64 NumPy array (the one loss reads, perturbed in place), got "
                         f"{type(x).__name__}{'' if not isinstance(x, np.ndarray) else ' of ' + str(x.dtype)}")
     grad = np.zeros_like(x, dtype=np.float64)
@@ -133,7 +133,7 @@ def gradcheck(
         raise TypeError(f"inputs must be a list or tuple of the arrays forward takes (e.g. [q, k, v, omega]), "
                         f"got {type(inputs).__name__}")
     for i, x in enumerate(inputs):
-        if np.asarray(x).dtype != np.float64:
+        if np.asarray(x).dtype.newbyteorder("=") != np.float64:  # either byte order: copied below
             raise TypeError(f"gradcheck needs float64 inputs; input {i} is {np.asarray(x).dtype}")
     xs = [np.array(x, dtype=np.float64, copy=True, order="C") for x in inputs]
     names = list(names) if names is not None else [f"x{i}" for i in range(len(xs))]

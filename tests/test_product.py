@@ -241,6 +241,91 @@ def test_a_number_for_a_per_head_parameter_is_every_heads():
     assert out.dtype == np.float32
 
 
+def _swapped(x):
+    """x with the same numbers in the other byte order (as read from a file a big-endian
+    machine wrote): dtype '>f8' on this machine."""
+    x = np.asarray(x)
+    return x.astype(x.dtype.newbyteorder("S")) if x.dtype.kind == "f" else x
+
+
+def _flat(result):
+    """The arrays of a forward's or backward's result, in order (dicts by name)."""
+    out = []
+    for r in result if isinstance(result, tuple) else (result,):
+        out += [r[n] for n in sorted(r)] if isinstance(r, dict) else [r]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ff.attention_kinds())
+def test_arrays_in_the_other_byte_order_give_the_native_results(kind, dtype):
+    """Every kind's forward and backward, and its recurrent decoding, give the same bits for
+    arrays in the other byte order as for native ones (the numbers are the same)."""
+    spec = ff.get_attention(kind)
+    B, H, N, d = 2, 2, 12, 8
+    rng = np.random.default_rng(0)
+    q, k, v = (0.4 * rng.standard_normal((B, H, N, d)).astype(dtype) for _ in range(3))
+    params = spec.init(H, d, rng=1, dtype=dtype, **({"max_len": N} if kind == "linformer" else {}))
+    swapped = {n: _swapped(a) for n, a in params.items()}
+    assert _swapped(q).dtype.byteorder in "<>" and not _swapped(q).dtype.isnative
+    for causal in (False, True) if spec.causal else (False,):
+        want = ff.attention(kind, q, k, v, params, causal=causal)
+        got = ff.attention(kind, _swapped(q), _swapped(k), _swapped(v), swapped, causal=causal)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)
+        dout = np.ones_like(want)
+        for g, w in zip(_flat(ff.attention_backward(kind, _swapped(dout), _swapped(q), _swapped(k), _swapped(v),
+                                                    swapped, causal=causal)),
+                        _flat(ff.attention_backward(kind, dout, q, k, v, params, causal=causal))):
+            np.testing.assert_array_equal(g, w)
+    if spec.recurrent:
+        def decode(p, q, k, v):
+            rec = ff.RecurrentAttention(kind, p)
+            out, state = rec.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+            return out, rec.step(state, q[:, :, 8:9], k[:, :, 8:9], v[:, :, 8:9])
+        for g, w in zip(decode(swapped, _swapped(q), _swapped(k), _swapped(v)), decode(params, q, k, v)):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_states_layers_and_checks_take_the_other_byte_order():
+    """The decoding states, the NumPy layers, the gradient checks and distillation's teacher
+    take arrays in the other byte order as the same numbers."""
+    rng = np.random.default_rng(0)
+    B, H, N, d = 1, 2, 10, 8
+    q, k, v = (0.4 * rng.standard_normal((B, H, N, d)) for _ in range(3))
+    rec = ff.RecurrentAttention("flex_s", ff.get_attention("flex_s").init(H, d, rng=1))
+    _, state = rec.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    copy = ff.LinearAttentionState(*(_swapped(a) for a in (state.S, state.z, state.R, state.M)), tokens=8)
+    assert copy.dtype == np.float64
+    step = (q[:, :, 8:9], k[:, :, 8:9], v[:, :, 8:9])
+    np.testing.assert_array_equal(rec.step(copy, *step), rec.step(state, *step))
+
+    soft = ff.RecurrentAttention("softmax", {})
+    _, cache = soft.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    _, cache_swapped = soft.prefill(q[:, :, :8], k[:, :, :8], v[:, :, :8])
+    cache.append(k[:, :, 8:], v[:, :, 8:], np.ones((B, 2), bool))
+    cache_swapped.append(_swapped(k[:, :, 8:]), _swapped(v[:, :, 8:]), np.ones((B, 2), bool))
+    np.testing.assert_array_equal(soft.step(cache_swapped, *step), soft.step(cache, *step))
+
+    layer = ff.nn.MultiHeadAttention(16, 2, attention="flex_n", rng=0, dtype=np.float32)
+    x = rng.standard_normal((2, N, 16)).astype(np.float32)
+    np.testing.assert_array_equal(layer.forward(_swapped(x)), layer.forward(x))
+
+    x64 = rng.standard_normal(3)
+    g = ff.testing.numerical_gradient(lambda: float((x64 ** 3).sum()), x64)
+    np.testing.assert_allclose(g, 3 * x64 ** 2, rtol=1e-6)
+    xs = _swapped(x64)
+    np.testing.assert_array_equal(ff.testing.numerical_gradient(lambda: float((xs ** 3).sum()), xs), g)
+    omega = ff.get_attention("flex_s").init(H, d, rng=1)["omega"]
+    errors = ff.testing.gradcheck(lambda q: ff.flex_s_attention(q, k, v, omega),
+                                  lambda dout, q: ff.flex_s_attention_backward(dout, q, k, v, omega)[:1],
+                                  [_swapped(q)])
+    assert max(errors.values()) < 1e-6
+
+    from flexformer import distill
+    np.testing.assert_array_equal(distill.teacher_rows(_swapped(q), _swapped(k)), distill.teacher_rows(q, k))
+
+
 @pytest.mark.parametrize("position,name", [(0, "q"), (1, "k"), (2, "v"), (3, "omega")])
 def test_errors_name_the_argument_at_fault(position, name):
     x = make_inputs()

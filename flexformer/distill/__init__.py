@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import check_int, check_real
+from .._checks import check_int, check_real, native
 from .._progress import ProgressLine
 from ..nn.core import Parameter
 from ..registry import attention_kinds, check_param_shapes, feature_backward, features, get_attention, require_params
@@ -57,7 +57,7 @@ def _check(kind: str, q, k, key_mask, params):
 
 def _check_queries_keys(q, k, key_mask):
     """q, k (S, H, N, d) of one float dtype and key_mask (S, N) bool (all True for None)."""
-    q, k = np.asarray(q), np.asarray(k)
+    q, k = native(np.asarray(q)), native(np.asarray(k))
     for name, x in (("q", q), ("k", k)):
         if x.dtype not in (np.float32, np.float64):
             raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")

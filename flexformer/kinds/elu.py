@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import functional as lin
+from .._checks import native
 from ..features import normalised, normalised_torch
 from .base import LINEAR_KIND, register
 
@@ -62,7 +63,7 @@ def _queries_keys(q, k, v, dout=None):
 
 def _as_array(name, x, dtype=None):
     try:
-        return np.asarray(x, dtype=dtype)
+        return native(np.asarray(x, dtype=dtype))
     except (TypeError, ValueError):
         into = "" if dtype is None else f" to {dtype}"
         raise TypeError(f"{name} must be an array of real numbers (a numpy array, or a {type(x).__name__} "

@@ -12,7 +12,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import check_float_dtype, check_int
+from .._checks import check_float_dtype, check_int, native
 from ..init import RngLike, as_generator
 from ..runtime import _C
 
@@ -31,6 +31,7 @@ def check_input(name: str, x, width: int, dtype, *, ndim: Optional[int] = None,
                             f"this {type(x).__name__}") from None
     elif not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array {layout}, got {type(x).__name__}")
+    x = native(x)
     if x.dtype != dtype:
         raise TypeError(f"{name} must have the layer's dtype {np.dtype(dtype)}, got {x.dtype}")
     if (ndim is not None and x.ndim != ndim) or x.ndim == 0 or x.shape[-1] != width:
