@@ -109,6 +109,9 @@ class BuildExt(build_ext):
             # multiply-add; the AVX2 / AVX-512 copies of the products want them (10-20% on
             # the block products), and they only ever round less
             compile_args += ["-O3", "-std=c99", "-fno-math-errno", "-ffp-contract=fast"]
+            # a function the headers did not declare (e.g. a NumPy C-API call outside the
+            # targeted version) would otherwise build and fail only at import
+            compile_args.append("-Werror=implicit-function-declaration")
         want_omp = os.environ.get("FLEXFORMER_NO_OPENMP", "") in ("", "0")
         if want_omp and unix and _compiler_accepts(compiler_cmd, ["-fopenmp"], OPENMP_PROBE):
             compile_args.append("-fopenmp")

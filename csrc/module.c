@@ -6,6 +6,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+/* The oldest NumPy we run with (pyproject.toml: numpy>=1.23): its C API has the memory
+ * handler functions used below (PyDataMem_SetHandler, NumPy 1.22). Without a target, NumPy's
+ * headers choose their own oldest, which before NumPy 2.1 (Python 3.9's last) left those out. */
+#define NPY_TARGET_VERSION NPY_1_23_API_VERSION
 #include <numpy/arrayobject.h>
 
 #include <math.h>
