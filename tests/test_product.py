@@ -83,8 +83,8 @@ def test_train_options_come_from_the_config_fields():
 
 
 def test_console_script_is_declared_and_names_the_same_entry():
-    scripts = {e.name: e.value for e in metadata.entry_points(group="console_scripts")
-               if e.name == "flexformer"}
+    scripts = {e.name: e.value for e in metadata.distribution("flexformer").entry_points
+               if e.group == "console_scripts"}  # entry_points(group=...) needs Python 3.10
     assert scripts == {"flexformer": "flexformer.__main__:console_main"}
     exe = shutil.which("flexformer", path=os.path.dirname(sys.executable))
     if exe is not None:  # installed into this interpreter's environment
