@@ -160,8 +160,10 @@ def test_package_is_marked_typed():
 # ---------------------------------------------------------------- builds
 
 def _setuptools_version():
-    import setuptools
-
+    try:
+        import setuptools
+    except ImportError:  # venvs of Python 3.12 and later start without it
+        return (0, 0)
     return tuple(int(x) for x in re.findall(r"\d+", setuptools.__version__)[:2])
 
 
