@@ -101,6 +101,18 @@ static PyArrayObject *untyped_as(PyObject *obj, const char *name, int typenum)
     return a;
 }
 
+/* 1 for a finite eps > 0; else 0 with a ValueError saying what it got. (PyErr_Format has
+ * no %g: Python 3.11 printed it literally, 3.12 raises SystemError; snprintf does it.) */
+static int eps_is_valid(double eps)
+{
+    if (eps > 0 && isfinite(eps))
+        return 1;
+    char got[64];
+    snprintf(got, sizeof got, "%g", eps);
+    PyErr_Format(PyExc_ValueError, "eps must be a finite number > 0, got %s", got);
+    return 0;
+}
+
 /* Convert obj to a C-contiguous, aligned, native array of dtype typenum and ndim dims.
  * A Python list, tuple or number is converted to typenum; an array of another dtype is a
  * TypeError naming the argument, a wrong ndim a ValueError. */
@@ -437,12 +449,8 @@ static int attn_call_prepare(attn_call *c, PyObject *dout, PyObject *q, PyObject
                      (Py_ssize_t)c->Nq, qn, (Py_ssize_t)c->Nk, kn);
         return -1;
     }
-    if (sp->linear && (!(c->eps > 0) || !isfinite(c->eps))) {
-        char got[64];
-        snprintf(got, sizeof got, "%g", c->eps);
-        PyErr_Format(PyExc_ValueError, "eps must be a finite number > 0, got %s", got);
+    if (sp->linear && !eps_is_valid(c->eps))
         return -1;
-    }
     if (c->backward) {
         if (!(c->dout = to_array(dout, "dout", c->typenum, 4, "(B, H, Nq, e)")))
             return -1;
@@ -1222,10 +1230,8 @@ static PyObject *py_layer_norm_forward(PyObject *self, PyObject *args)
     int typenum;
     if (!PyArg_ParseTuple(args, "OOOd:layer_norm_forward", &x_obj, &g_obj, &b_obj, &eps))
         return NULL;
-    if (!(eps > 0) || !isfinite(eps)) {
-        PyErr_Format(PyExc_ValueError, "eps must be a finite number > 0, got %g", eps);
+    if (!eps_is_valid(eps))
         return NULL;
-    }
     if (!(x = real_array(x_obj, "x", 2, "(R, C)", &typenum)) ||
         !(gamma = to_array(g_obj, "gamma", typenum, 1, "(C,)")) ||
         !(beta = to_array(b_obj, "beta", typenum, 1, "(C,)")))

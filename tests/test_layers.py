@@ -158,8 +158,10 @@ def test_layer_norm_kernel_against_its_numpy_twin_on_both_thread_counts(dtype, t
 
 def test_layer_norm_kernel_rejects_bad_arguments():
     x, g = np.zeros((4, 3)), np.ones(3)
-    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+    with pytest.raises(ValueError, match=r"^eps must be a finite number > 0, got 0$"):
         _C.layer_norm_forward(x, g, g, 0.0)
+    with pytest.raises(ValueError, match=r"^eps must be a finite number > 0, got nan$"):
+        _C.layer_norm_forward(x, g, g, float("nan"))
     with pytest.raises(ValueError, match="gamma and beta must have x's 3 columns"):
         _C.layer_norm_forward(x, np.ones(2), g, 1e-5)
     with pytest.raises(TypeError, match="x must have dtype float32 or float64"):
