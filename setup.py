@@ -13,6 +13,7 @@ A regular (not in-place) build also copies the extension into the source folder
 ``pip install .`` finds the package there complete, as it finds the installed one elsewhere.
 """
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -34,6 +35,8 @@ int main(void) { int n = 0;
   return n > 0 ? 0 : 1; }
 """
 PYTHON_PROBE = "#include <Python.h>\nint main(void) { return 0; }\n"
+# whether the kernels get their AVX2 and AVX-512 copies: ff_common.h decides (FF_X86_DISPATCH)
+ISA_COPIES_PROBE = '#include "ff_common.h"\n#if !FF_X86_DISPATCH\n#error portable copies only\n#endif\nint main(void) { return 0; }\n'
 
 NO_COMPILER = ("flexformer: no working C compiler ({cmd}). flexformer builds its kernels from C: install "
                "a compiler and the Python headers (Debian/Ubuntu: apt-get install gcc python3-dev; "
@@ -42,6 +45,10 @@ NO_COMPILER = ("flexformer: no working C compiler ({cmd}). flexformer builds its
 NO_PYTHON_HEADERS = ("flexformer: the C compiler works but cannot find Python.h ({include}). Install the "
                      "Python development headers (Debian/Ubuntu: apt-get install python3-dev; Fedora: "
                      "dnf install python3-devel), then run pip again.")
+NO_ISA_COPIES = ("flexformer: this C compiler ({cmd}) builds the kernels' portable copies only: their AVX2 and "
+                 "AVX-512 copies, chosen at run time, need GCC 11 or later. They are as accurate and run "
+                 "about 3x slower on an AVX-512 CPU (flexformer.dense_paths() says 'base'). For the fast "
+                 "copies, install gcc >= 11 and reinstall with CC=gcc.")
 NO_OPENMP = ("flexformer: the C compiler ({cmd}) has no OpenMP (-fopenmp was refused); building the "
              "serial kernels: every call runs on one thread and flexformer.openmp_enabled() is False. "
              "For threads, install OpenMP (macOS: brew install libomp, or build with gcc) and reinstall.")
@@ -112,6 +119,9 @@ class BuildExt(build_ext):
             # a function the headers did not declare (e.g. a NumPy C-API call outside the
             # targeted version) would otherwise build and fail only at import
             compile_args.append("-Werror=implicit-function-declaration")
+            if platform.machine().lower() in ("x86_64", "amd64") and not _compiler_accepts(
+                    compiler_cmd, ["-c", "-I" + os.path.join(ROOT, "csrc")], ISA_COPIES_PROBE):
+                _say(NO_ISA_COPIES.format(cmd=" ".join(compiler_cmd)))
         want_omp = os.environ.get("FLEXFORMER_NO_OPENMP", "") in ("", "0")
         if want_omp and unix and _compiler_accepts(compiler_cmd, ["-fopenmp"], OPENMP_PROBE):
             compile_args.append("-fopenmp")

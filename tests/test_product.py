@@ -3,6 +3,7 @@ packaging metadata, the build's messages without a compiler or without OpenMP, a
 NumPy-style argument conversion with errors that name the argument."""
 import io
 import os
+import platform
 import re
 import shutil
 import stat
@@ -216,6 +217,35 @@ def test_a_compiler_without_openmp_builds_serial_kernels_with_a_warning(tmp_path
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().startswith(str(dest))
+
+
+@needs_build_requirements
+@pytest.mark.skipif(shutil.which("gcc") is None or platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="needs gcc to wrap, on x86-64 (where the kernels have AVX2 / AVX-512 copies)")
+def test_a_compiler_without_the_isa_copies_builds_the_portable_kernels_and_says_so(tmp_path):
+    """A compiler for which ff_common.h turns off the AVX2 / AVX-512 copies (Clang, GCC < 11;
+    here gcc told FF_NO_CLONES) builds working kernels, and the build says they are slower."""
+    wrapper = tmp_path / "cc-without-copies"
+    wrapper.write_text('#!/bin/sh\nexec gcc -DFF_NO_CLONES "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    proc, dest = _build(tmp_path, {"CC": str(wrapper), "LDSHARED": f"{wrapper} -shared"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "builds the kernels' portable copies only" in proc.stderr and "GCC 11 or later" in proc.stderr
+    shutil.copytree(os.path.dirname(ff.__file__), dest / "flexformer", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    check = ("import numpy as np, flexformer as ff\n"
+             "from flexformer import reference\n"
+             "assert ff.dense_paths()['products'] == 'base' and ff.isa_level() == 0, ff.dense_paths()\n"
+             "rng = np.random.default_rng(0)\n"
+             "q, k, v = (rng.standard_normal((2, 2, 70, 8)) * 0.5 for _ in range(3))\n"
+             "o1, o2, tau = ff.init.flex_n_params(2, 16, 8, rng=1)\n"
+             "for causal in (False, True):\n"
+             "    got = ff.flex_n_attention(q, k, v, o1, o2, tau, causal=causal)\n"
+             "    want = reference.flex_n_attention(q, k, v, o1, o2, tau, causal=causal)\n"
+             "    assert np.allclose(got, want, rtol=1e-9, atol=1e-11), abs(got - want).max()\n")
+    run = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(dest)),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- NumPy-style inputs
