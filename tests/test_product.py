@@ -190,33 +190,49 @@ def test_without_a_c_compiler_the_build_says_what_to_install(tmp_path):
     assert "OpenMP" not in message  # the old, misleading cause
 
 
-@needs_build_requirements
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to wrap")
-def test_a_compiler_without_openmp_builds_serial_kernels_with_a_warning(tmp_path):
-    wrapper = tmp_path / "cc-without-openmp"
-    wrapper.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "no OpenMP" >&2; exit 1; }; '
-                       'done\nexec gcc "$@"\n')
+def _build_with_gcc_as(tmp_path, name, script):
+    """Build with a wrapper of gcc (a shell script's body); the build's stderr, and the
+    package (this checkout's Python files beside the new extension) to import."""
+    wrapper = tmp_path / name
+    wrapper.write_text("#!/bin/sh\n" + script)
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     proc, dest = _build(tmp_path, {"CC": str(wrapper), "LDSHARED": f"{wrapper} -shared"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "flexformer: the C compiler" in proc.stderr and "has no OpenMP" in proc.stderr
     shutil.copytree(os.path.dirname(ff.__file__), dest / "flexformer", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("_C*", "__pycache__"))
+    return proc.stderr, dest
+
+
+def _kernels_match_reference(dest, first_line):
+    """In a fresh process importing the package built into dest: `first_line` holds, and
+    flex_s and flex_n (bidirectional and causal, float64) equal their NumPy references."""
     check = ("import numpy as np, flexformer as ff\n"
              "from flexformer import reference\n"
-             "assert not ff.openmp_enabled() and ff.get_num_threads() == 1\n"
+             f"{first_line}\n"
              "rng = np.random.default_rng(0)\n"
-             "q, k, v = (rng.standard_normal((2, 2, 33, 8)) * 0.5 for _ in range(3))\n"
+             "q, k, v = (rng.standard_normal((2, 2, 70, 8)) * 0.5 for _ in range(3))\n"
              "omega = ff.init.flex_s_omega(2, 16, 8, rng=1)\n"
+             "o1, o2, tau = ff.init.flex_n_params(2, 16, 8, rng=1)\n"
              "for causal in (False, True):\n"
-             "    got = ff.flex_s_attention(q, k, v, omega, causal=causal)\n"
-             "    want = reference.flex_s_attention(q, k, v, omega, causal=causal)\n"
-             "    assert np.allclose(got, want, rtol=1e-9, atol=1e-11), abs(got - want).max()\n"
+             "    for got, want in ((ff.flex_s_attention(q, k, v, omega, causal=causal),\n"
+             "                       reference.flex_s_attention(q, k, v, omega, causal=causal)),\n"
+             "                      (ff.flex_n_attention(q, k, v, o1, o2, tau, causal=causal),\n"
+             "                       reference.flex_n_attention(q, k, v, o1, o2, tau, causal=causal))):\n"
+             "        assert np.allclose(got, want, rtol=1e-9, atol=1e-11), abs(got - want).max()\n"
              "print(ff.__file__)\n")
-    run = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(dest)),
+    run = subprocess.run([sys.executable, "-c", check], cwd=dest.parent, env=dict(os.environ, PYTHONPATH=str(dest)),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().startswith(str(dest))
+
+
+@needs_build_requirements
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to wrap")
+def test_a_compiler_without_openmp_builds_serial_kernels_with_a_warning(tmp_path):
+    stderr, dest = _build_with_gcc_as(tmp_path, "cc-without-openmp", 'for a in "$@"; do [ "$a" = -fopenmp ] && '
+                                      '{ echo "no OpenMP" >&2; exit 1; }; done\nexec gcc "$@"\n')
+    assert "flexformer: the C compiler" in stderr and "has no OpenMP" in stderr
+    _kernels_match_reference(dest, "assert not ff.openmp_enabled() and ff.get_num_threads() == 1")
 
 
 @needs_build_requirements
@@ -225,27 +241,10 @@ def test_a_compiler_without_openmp_builds_serial_kernels_with_a_warning(tmp_path
 def test_a_compiler_without_the_isa_copies_builds_the_portable_kernels_and_says_so(tmp_path):
     """A compiler for which ff_common.h turns off the AVX2 / AVX-512 copies (Clang, GCC < 11;
     here gcc told FF_NO_CLONES) builds working kernels, and the build says they are slower."""
-    wrapper = tmp_path / "cc-without-copies"
-    wrapper.write_text('#!/bin/sh\nexec gcc -DFF_NO_CLONES "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
-    proc, dest = _build(tmp_path, {"CC": str(wrapper), "LDSHARED": f"{wrapper} -shared"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "builds the kernels' portable copies only" in proc.stderr and "GCC 11 or later" in proc.stderr
-    shutil.copytree(os.path.dirname(ff.__file__), dest / "flexformer", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("_C*", "__pycache__"))
-    check = ("import numpy as np, flexformer as ff\n"
-             "from flexformer import reference\n"
-             "assert ff.dense_paths()['products'] == 'base' and ff.isa_level() == 0, ff.dense_paths()\n"
-             "rng = np.random.default_rng(0)\n"
-             "q, k, v = (rng.standard_normal((2, 2, 70, 8)) * 0.5 for _ in range(3))\n"
-             "o1, o2, tau = ff.init.flex_n_params(2, 16, 8, rng=1)\n"
-             "for causal in (False, True):\n"
-             "    got = ff.flex_n_attention(q, k, v, o1, o2, tau, causal=causal)\n"
-             "    want = reference.flex_n_attention(q, k, v, o1, o2, tau, causal=causal)\n"
-             "    assert np.allclose(got, want, rtol=1e-9, atol=1e-11), abs(got - want).max()\n")
-    run = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(dest)),
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    stderr, dest = _build_with_gcc_as(tmp_path, "cc-without-copies", 'exec gcc -DFF_NO_CLONES "$@"\n')
+    assert "builds the kernels' portable copies only" in stderr and "GCC 11 or later" in stderr
+    _kernels_match_reference(dest, "assert ff.dense_paths()['products'] == 'base' and ff.isa_level() == 0, "
+                                   "ff.dense_paths()")
 
 
 # ---------------------------------------------------------------- NumPy-style inputs
