@@ -298,30 +298,25 @@ def test_kernel_entries_parse_their_arguments_with_cpythons_parser():
     want = _C.flex_s_forward(q, k, v, omega, causal=True)[0]
     got = _C.flex_s_forward(q=q, k=k, v=v, omega=omega, causal=True)[0]
     assert np.array_equal(got, want)
+    def unknown_keyword(entry, name):
+        # CPython 3.11 and 3.12 word it one way, 3.13 the other
+        return (rf"'{name}' is an invalid keyword argument for {entry}\(\)"
+                rf"|^{entry}\(\) got an unexpected keyword argument '{name}'")
+
     cases = [
-        (lambda: _C.flex_s_forward(q, k, v), "flex_s_forward() missing required argument 'omega'"),
-        (lambda: _C.flex_s_forward(q, k, v, omega, bogus=1), "'bogus' is an invalid keyword argument for "
-                                                             "flex_s_forward()"),
-        (lambda: _C.flex_s_forward(q, k, v, omega, True), "flex_s_forward() takes at most 4 positional"),
-        (lambda: _C.flex_s_forward(q, k, v, omega, omega=omega), "given by name ('omega') and position"),
-        (lambda: _C.softmax_forward(q, k, v, eps=1e-3), "'eps' is an invalid keyword argument for "
-                                                        "softmax_forward()"),
-        (lambda: _C.flex_s_backward(q, q, k, v, omega, return_key_state=True), "'return_key_state' is an "
-                                                                                "invalid keyword argument"),
-        (lambda: _C.linear_forward(q, k, v, key_state=None), "'key_state' is an invalid keyword argument "
-                                                             "for linear_forward()"),
+        (lambda: _C.flex_s_forward(q, k, v), re.escape("flex_s_forward() missing required argument 'omega'")),
+        (lambda: _C.flex_s_forward(q, k, v, omega, bogus=1), unknown_keyword("flex_s_forward", "bogus")),
+        (lambda: _C.flex_s_forward(q, k, v, omega, True), re.escape("flex_s_forward() takes at most 4 positional")),
+        (lambda: _C.flex_s_forward(q, k, v, omega, omega=omega), re.escape("given by name ('omega') and position")),
+        (lambda: _C.softmax_forward(q, k, v, eps=1e-3), unknown_keyword("softmax_forward", "eps")),
+        (lambda: _C.flex_s_backward(q, q, k, v, omega, return_key_state=True),
+         unknown_keyword("flex_s_backward", "return_key_state")),
+        (lambda: _C.linear_forward(q, k, v, key_state=None), unknown_keyword("linear_forward", "key_state")),
     ]
-    for call, words in cases:
+    for call, pattern in cases:
         with pytest.raises(TypeError) as exc:
             call()
-        message = str(exc.value)
-        # CPython 3.13 words an unknown keyword "f() got an unexpected keyword argument 'x'"
-        unknown = re.fullmatch(r"'(\w+)' is an invalid keyword argument(?: for (\w+\(\)))?", words)
-        if unknown and "unexpected keyword argument" in message:
-            name, entry = unknown.groups()
-            words = f"unexpected keyword argument '{name}'"
-            assert entry is None or message.startswith(entry), message
-        assert words in message
+        assert re.search(pattern, str(exc.value)), str(exc.value)
 
 
 def test_kernel_entries_take_keyword_names_built_at_run_time():
