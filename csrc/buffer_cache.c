@@ -2,13 +2,16 @@
  * (a loop asks for the same sizes again), oldest evicted first. A spin lock guards the
  * table because kernels allocate with the GIL released while other Python threads may be
  * creating or freeing arrays; compilers without GCC's atomic builtins get no cache. */
-#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
-#define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c99 */
+#if !defined(_WIN32) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE /* posix_memalign and madvise under -std=c99 */
 #endif
 #include "buffer_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define FF_CACHE_SLOTS 32
 
@@ -80,10 +83,31 @@ static void *take(size_t size)
 #define FF_ALIGNED_BLOCKS 1
 #endif
 
+/* Fresh blocks of 4 MiB or more start on a 2 MiB boundary and ask Linux for transparent huge
+ * pages (where it is set to "madvise", a common default): fewer TLB misses as the products
+ * and the row passes sweep them. NumPy's own allocator asks the same for arrays of that size,
+ * which the kernels' outputs, made through the block cache's handler, would otherwise lose.
+ * Zen 3, N = 4096: a forward + backward 1-3% faster (docs/performance.md). */
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#define FF_HUGE_PAGES 1
+#define FF_HUGE_PAGE ((size_t)2 << 20)
+#define FF_HUGE_MIN_BYTES ((size_t)4 << 20)
+#else
+#define FF_HUGE_PAGES 0
+#endif
+
 static void *fresh_block(size_t size)
 {
 #if FF_ALIGNED_BLOCKS
     void *p = NULL;
+#if FF_HUGE_PAGES
+    if (size >= FF_HUGE_MIN_BYTES) {
+        if (posix_memalign(&p, FF_HUGE_PAGE, size) != 0)
+            return NULL;
+        madvise(p, size, MADV_HUGEPAGE); /* a hint: failing, the block is still good */
+        return p;
+    }
+#endif
     return posix_memalign(&p, FF_CACHE_LINE, size ? size : 1) == 0 ? p : NULL;
 #else
     return malloc(size ? size : 1);

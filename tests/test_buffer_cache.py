@@ -77,6 +77,53 @@ def test_results_start_on_a_cache_line(cache_mib):
         del out, state, kept, grads
 
 
+def _thp_mode():
+    """Linux's transparent huge page setting ("always", "madvise", "never"), or None."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            return fh.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _mapping_of(address):
+    """The /proc/self/smaps fields of the mapping that holds `address`."""
+    fields, inside = {}, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                if inside:
+                    break
+                inside = lo <= address < hi
+                if inside:
+                    fields["start"] = lo
+            elif inside:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    return fields
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="transparent huge pages not in 'madvise' mode")
+def test_large_fresh_blocks_ask_for_huge_pages():
+    """A fresh block of 4 MiB or more starts on a 2 MiB boundary and is marked for
+    transparent huge pages (MADV_HUGEPAGE), as NumPy marks its own arrays of that size; a
+    block under 4 MiB is not."""
+    ff.set_buffer_cache(0)  # every block fresh
+    q, k, v, p = _inputs(N=8192)  # the output: (1, 4, 8192, 32) float32, 4 MiB
+    large = ff.flex_n_attention(q, k, v, *p)
+    small = ff.flex_n_attention(q[:, :, :2048], k[:, :, :2048], v[:, :, :2048], *p)  # 1 MiB
+    assert large.nbytes == 4 << 20 and small.nbytes == 1 << 20
+    assert large.ctypes.data % (2 << 20) == 0
+    mapping = _mapping_of(large.ctypes.data)
+    assert mapping["THPeligible"] == "1", mapping
+    assert "hg" in mapping["VmFlags"].split(), mapping["VmFlags"]
+    assert "hg" not in _mapping_of(small.ctypes.data)["VmFlags"].split()
+    np.testing.assert_array_equal(small, ff.flex_n_attention(q[:, :, :2048], k[:, :, :2048],
+                                                             v[:, :, :2048], *p))
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="posix_memalign: fresh blocks are aligned on POSIX only")
 @pytest.mark.parametrize("N", [128, 1024])
 def test_resized_results_stay_on_a_cache_line(N):
