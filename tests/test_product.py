@@ -247,6 +247,20 @@ def test_a_compiler_without_the_isa_copies_builds_the_portable_kernels_and_says_
                                    "ff.dense_paths()")
 
 
+@needs_build_requirements
+@pytest.mark.skipif(shutil.which("gcc") is None or platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="needs gcc to wrap, on x86-64 (where the kernels have AVX2 / AVX-512 copies)")
+def test_a_build_for_an_avx2_cpu_with_other_extensions_compiles_every_copy(tmp_path):
+    """FLEXFORMER_NATIVE=1 on an AVX2 CPU without AVX-512 (a Zen 3's -march=native has SHA,
+    VAES and more): the AVX-512 copies add their features to the build's instead of taking
+    x86-64-v4's alone, which GCC refused (its intrinsics would not inline into them). Here
+    gcc is told AVX2, FMA and SHA, which compiles on any x86-64 host; the kernels are run
+    where this CPU has AVX2 (SHA is never emitted for this code)."""
+    _, dest = _build_with_gcc_as(tmp_path, "cc-avx2-sha", 'exec gcc -mavx2 -mfma -msha "$@"\n')
+    if ff.isa_level() >= 3:
+        _kernels_match_reference(dest, "assert ff.isa_level() >= 3, ff.isa_level()")
+
+
 # ---------------------------------------------------------------- NumPy-style inputs
 
 def test_python_lists_take_the_dtype_of_the_arrays_beside_them():
