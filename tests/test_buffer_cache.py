@@ -108,8 +108,10 @@ def _mapping_of(address):
 @pytest.mark.skipif(_thp_mode() != "madvise", reason="transparent huge pages not in 'madvise' mode")
 def test_large_fresh_blocks_ask_for_huge_pages():
     """A fresh block of 4 MiB or more starts on a 2 MiB boundary and is marked for
-    transparent huge pages (MADV_HUGEPAGE), as NumPy marks its own arrays of that size; a
-    block under 4 MiB is not."""
+    transparent huge pages (MADV_HUGEPAGE), as NumPy marks its own arrays of that size.
+    (Whether a smaller block's mapping carries the mark depends on where malloc puts it:
+    once the mmap threshold has grown, large blocks come from malloc's heap, and the memory
+    keeps the mark when it is reused.)"""
     ff.set_buffer_cache(0)  # every block fresh
     q, k, v, p = _inputs(N=8192)  # the output: (1, 4, 8192, 32) float32, 4 MiB
     large = ff.flex_n_attention(q, k, v, *p)
@@ -119,7 +121,6 @@ def test_large_fresh_blocks_ask_for_huge_pages():
     mapping = _mapping_of(large.ctypes.data)
     assert mapping["THPeligible"] == "1", mapping
     assert "hg" in mapping["VmFlags"].split(), mapping["VmFlags"]
-    assert "hg" not in _mapping_of(small.ctypes.data)["VmFlags"].split()
     np.testing.assert_array_equal(small, ff.flex_n_attention(q[:, :, :2048], k[:, :, :2048],
                                                              v[:, :, :2048], *p))
 
