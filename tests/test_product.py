@@ -173,6 +173,11 @@ needs_build_requirements = pytest.mark.skipif(
                                             "requirement; the test extra brings it)")
 
 
+needs_gcc_on_x86 = pytest.mark.skipif(
+    shutil.which("gcc") is None or platform.machine().lower() not in ("x86_64", "amd64"),
+    reason="needs gcc to wrap, on x86-64 (where the kernels have AVX2 / AVX-512 copies)")
+
+
 def _build(tmp_path, env):
     dest = tmp_path / "build"
     return subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(dest), "--build-temp",
@@ -236,8 +241,7 @@ def test_a_compiler_without_openmp_builds_serial_kernels_with_a_warning(tmp_path
 
 
 @needs_build_requirements
-@pytest.mark.skipif(shutil.which("gcc") is None or platform.machine().lower() not in ("x86_64", "amd64"),
-                    reason="needs gcc to wrap, on x86-64 (where the kernels have AVX2 / AVX-512 copies)")
+@needs_gcc_on_x86
 def test_a_compiler_without_the_isa_copies_builds_the_portable_kernels_and_says_so(tmp_path):
     """A compiler for which ff_common.h turns off the AVX2 / AVX-512 copies (Clang, GCC < 11;
     here gcc told FF_NO_CLONES) builds working kernels, and the build says they are slower."""
@@ -248,8 +252,7 @@ def test_a_compiler_without_the_isa_copies_builds_the_portable_kernels_and_says_
 
 
 @needs_build_requirements
-@pytest.mark.skipif(shutil.which("gcc") is None or platform.machine().lower() not in ("x86_64", "amd64"),
-                    reason="needs gcc to wrap, on x86-64 (where the kernels have AVX2 / AVX-512 copies)")
+@needs_gcc_on_x86
 def test_a_build_for_an_avx2_cpu_with_other_extensions_compiles_every_copy(tmp_path):
     """FLEXFORMER_NATIVE=1 on an AVX2 CPU without AVX-512 (a Zen 3's -march=native has SHA,
     VAES and more): the AVX-512 copies add their features to the build's instead of taking
