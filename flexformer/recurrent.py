@@ -100,7 +100,7 @@ class LinearAttentionState:
 
     def _bind(self, packed: np.ndarray, F: int, e: int) -> None:
         B, H = packed.shape[:2]
-        self.packed = packed
+        self._packed = packed
         self._S = packed[..., : F * e].reshape(B, H, F, e)  # splitting an axis: a view
         self._z = packed[..., F * e: F * e + F]
         self._R = packed[..., F * e + F]
@@ -112,6 +112,12 @@ class LinearAttentionState:
         state._bind(packed, F, e)
         state.tokens = int(tokens)
         return state
+
+    @property
+    def packed(self) -> np.ndarray:
+        """The packed array (B, H, P), updated in place by every step; read-only as an
+        attribute (S, z, R and M are views into it: assign through them)."""
+        return self._packed
 
     def _setter(name: str, layout: str):
         def put(self, x) -> None:
@@ -418,7 +424,7 @@ class RecurrentAttention:
         out, _, finite = self._kernel(q, k, v, key_mask, self.eps, state.packed)
         if not finite:
             check_overflow(f"RecurrentAttention({self.kind!r})", out, (q, k, v), "the state of earlier keys")
-        state.tokens += q.shape[2]
+        state.tokens += out.shape[2]  # out (B, H, T, e): q may be a nested list
         return out
 
     def _parallel(self, q, k, v, key_mask):

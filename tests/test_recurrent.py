@@ -155,6 +155,39 @@ def test_steps_read_every_layout_alike(how):
     np.testing.assert_array_equal(other.packed, plain.packed)
 
 
+@pytest.mark.parametrize("kind", RECURRENT_KINDS)
+def test_steps_take_nested_lists_like_arrays(kind):
+    """Array-likes pass wherever arrays do: the step's outputs, state and token count are
+    those of the same numbers as arrays (the C step once advanced the state and then failed
+    on ``q.shape`` of a list, leaving the token count behind)."""
+    rec, q, k, v = _setup(kind, np.float64, H=2, N=10)
+    _, plain = rec.prefill(q[:, :, :6], k[:, :, :6], v[:, :, :6])
+    listed = plain.copy()
+    for t in range(6, 10):
+        rows = [x[:, :, t:t + 1] for x in (q, k, v)]
+        want = rec.step(plain, *rows)
+        got = rec.step(listed, *[x.tolist() for x in rows])
+        np.testing.assert_array_equal(got, want)
+    assert listed.tokens == plain.tokens == 10
+    if isinstance(plain, LinearAttentionState):
+        np.testing.assert_array_equal(listed.packed, plain.packed)
+    else:
+        np.testing.assert_array_equal(listed.keys, plain.keys)
+
+
+def test_a_states_packed_array_cannot_be_replaced():
+    """Steps update ``packed`` in place and S, z, R, M are views into it: putting another
+    array in its place (None once made the next step start from an empty state) is refused;
+    the views take assignments."""
+    rec, q, k, v = _setup("flex_s", np.float64, N=4)
+    _, state = rec.prefill(q, k, v)
+    before = state.packed.copy()
+    with pytest.raises(AttributeError):
+        state.packed = None
+    state.S = state.S * 2
+    np.testing.assert_array_equal(state.S, 2 * before[..., :state.S[0, 0].size].reshape(state.S.shape))
+
+
 def test_bad_inputs_raise_clear_errors():
     rec, q, k, v = _setup("flex_n", np.float32, N=8)
     state = rec.empty_state(1, 2, 6, 6, np.float32)
