@@ -207,6 +207,94 @@ def test_every_public_callable_answers_garbage_with_a_clear_error(tmp_path, monk
     assert not unclear, "\n".join(unclear)
 
 
+def _objects():
+    """(name, maker) for an instance of every public class with methods: layers and models
+    fresh and after a forward (backward has something to differentiate), the recurrences of
+    every kind and their states."""
+    from flexformer.nn import (GELU, MLP, Block, CausalLM, Embedding, EncoderClassifier, LayerNorm, Linear,
+                               MultiHeadAttention, PositionalEncoding, ShortConv, TwoTowerClassifier)
+    from flexformer.recurrent import RECURRENT_KINDS
+
+    def after(model, *inputs):
+        model.forward(*inputs)
+        return model
+
+    ids = np.array([[1, 2, 3]])
+    small = dict(dim=8, heads=2, max_len=8, depth=1)
+    yield "CausalLM", lambda: CausalLM(10, **small)
+    yield "CausalLM after a forward", lambda: after(CausalLM(10, **small), ids)
+    yield "EncoderClassifier after a forward", lambda: after(EncoderClassifier(10, 3, **small), ids)
+    for head in TwoTowerClassifier.HEADS:
+        yield f"TwoTowerClassifier({head})", lambda head=head: TwoTowerClassifier(10, head=head, **small)
+    for kind in ff.attention_kinds():
+        yield f"MultiHeadAttention({kind})", lambda kind=kind: MultiHeadAttention(8, 2, kind, 0, max_len=8)
+        yield f"MultiHeadAttention({kind}) after a forward", lambda kind=kind: after(
+            MultiHeadAttention(8, 2, kind, 0, max_len=8), np.ones((1, 4, 8), np.float32))
+        yield f"Block({kind})", lambda kind=kind: Block(8, 2, kind, 0, max_len=8)
+    for kind in RECURRENT_KINDS:
+        params = None if kind in ("linear", "softmax", "elu", "taylor") else ff.get_attention(kind).init(2, 4, rng=0)
+        yield f"RecurrentAttention({kind})", lambda kind=kind, params=params: ff.RecurrentAttention(kind, params)
+    yield "LinearAttentionState", lambda: ff.LinearAttentionState.empty(1, 2, 4, 4)
+    yield "KVCacheState", lambda: ff.KVCacheState.empty(1, 2, 4, 4)
+    for name, make in (("LayerNorm", lambda: LayerNorm(8)), ("Linear", lambda: Linear(8, 4, 0)),
+                       ("Embedding", lambda: Embedding(10, 8, 0)), ("ShortConv", lambda: ShortConv(8, 3)),
+                       ("MLP", lambda: MLP(8, 16, 0)), ("PositionalEncoding", lambda: PositionalEncoding(8, 8, 0)),
+                       ("GELU", GELU)):
+        yield name, make
+
+
+def test_every_public_method_answers_garbage_with_a_clear_error():
+    """As above for the methods of the layers, models, recurrences and states: garbage for
+    each method's required arguments (TwoTowerClassifier's cosine head once reached an
+    AttributeError from a backward before any forward, load_parameters a KeyError for a
+    string, GELU's forward one for a float)."""
+    import inspect
+    import warnings
+    unclear, calls = [], 0
+    for name, make in _objects():
+        for method, _ in inspect.getmembers(type(make()), callable):
+            if method.startswith("_"):
+                continue
+            try:
+                params = inspect.signature(getattr(make(), method)).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            n = sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+            for garbage in GARBAGE:
+                calls += 1
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        getattr(make(), method)(*[garbage] * n)
+                except CLEAR:
+                    pass
+                except Exception as exc:  # noqa: BLE001 (what is being looked for)
+                    unclear.append(f"{name}.{method}({garbage!r:.20}, ...): {type(exc).__name__}: {str(exc)[:80]}")
+    assert calls > 1000
+    assert not unclear, "\n".join(unclear)
+
+
+def test_load_parameters_checks_everything_before_copying_anything():
+    from flexformer.nn import CausalLM
+    model = CausalLM(10, dim=8, heads=2, max_len=8, depth=1, rng=0)
+    before = {n: v.copy() for n, v in model.parameters().items()}
+    changed = {n: v + 1 for n, v in before.items()}
+    last = list(changed)[-1]
+    for values, exc, message in (
+            ("x", TypeError, "values must be a mapping of parameter name to array .* got str"),
+            ({**changed, last: changed[last][:1]}, ValueError, f"parameter '{last}' has shape"),
+            ({n: v for n, v in changed.items() if n != last}, KeyError, f"missing parameter '{last}'"),
+            ({**changed, last: changed[last].astype(complex)}, TypeError, "must be an array of real numbers"),
+            ({**changed, "extra.W": np.zeros(2)}, ValueError, "names this model does not have: 'extra.W'")):
+        with pytest.raises(exc, match=message):
+            model.load_parameters(values)
+        for n, v in model.parameters().items():  # the earlier names were not copied in
+            np.testing.assert_array_equal(v, before[n])
+    model.load_parameters(changed)
+    for n, v in model.parameters().items():
+        np.testing.assert_array_equal(v, changed[n])
+
+
 KEYWORD_GARBAGE = ["x", -1, 1.5, object(), np.zeros((2, 3)), [[1, 2], [3]], float("nan")]
 
 

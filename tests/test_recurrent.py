@@ -9,7 +9,7 @@ import pytest
 
 import flexformer as ff
 from flexformer import reference
-from flexformer.nn import CausalLM
+from flexformer.nn import CausalLM, EncoderClassifier
 from flexformer.recurrent import RECURRENT_KINDS, KVCacheState, LinearAttentionState, RecurrentAttention
 
 from conftest import layout
@@ -354,6 +354,29 @@ def test_lm_generate_limits_and_errors():
         sinus.generate(np.zeros((2, 2), int), 3)
     with pytest.raises(ValueError, match="ids must lie in 0..29"):
         sinus.generate(np.array([30]), 3)
+
+
+def test_lm_step_checks_its_cache_and_tokens():
+    """A step names what is wrong with its cache or ids in the model's terms; it once took
+    prefill's whole (logits, cache) pair to an AttributeError, and a cache of fewer layers
+    (zip stopped early) to a silent answer."""
+    model = CausalLM(30, dim=16, depth=2, heads=2, max_len=16, attention="flex_n", rng=0)
+    logits, cache = model.prefill(np.array([[1, 2, 3]]))
+    with pytest.raises(TypeError, match="cache must be a DecodeCache .* got tuple"):
+        model.step(np.array([[4]]), (logits, cache))
+    shallow = CausalLM(30, dim=16, depth=1, heads=2, max_len=16, attention="flex_n", rng=0)
+    with pytest.raises(ValueError, match="cache holds states for 2 layers, but this model has 1"):
+        shallow.step(np.array([[4]]), cache)
+    with pytest.raises(ValueError, match=r"ids must hold at least one token \(B, T >= 1\), got shape \(1, 0\)"):
+        model.step(np.zeros((1, 0), int), cache)
+    assert cache.position == 3  # nothing above advanced it
+    want = model.forward(np.array([[1, 2, 3, 4]]))[:, 3:]
+    np.testing.assert_allclose(model.step(np.array([[4]]), cache), want, rtol=2e-4, atol=2e-5)
+
+
+def test_encoder_classifier_names_num_classes():
+    with pytest.raises(ValueError, match="num_classes must be an int >= 1, got 0"):
+        EncoderClassifier(30, 0)
 
 
 def _train_tiny_lm(run, *options, steps=5, depth=1):

@@ -8,7 +8,7 @@ sharing works).
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -143,14 +143,39 @@ class Module:
     def num_parameters(self) -> int:
         return int(sum(p.value.size for _, p in self.named_parameters()))
 
-    def load_parameters(self, values: Dict[str, np.ndarray]) -> None:
-        """Copy values in by name; every parameter must be present with its shape."""
-        for name, p in self.named_parameters():
+    def load_parameters(self, values: Mapping[str, np.ndarray]) -> None:
+        """Copy values in by name, as :meth:`parameters` gives them: every parameter present
+        with its shape, and no other name. Checks them all before copying any, so a refused
+        load leaves the model as it was.
+
+        Raises
+        ------
+        TypeError
+            ``values`` is not a mapping, or a value is not an array of real numbers.
+        KeyError
+            A parameter is missing.
+        ValueError
+            A value has another shape, or ``values`` holds a name this model does not have.
+        """
+        if not isinstance(values, Mapping):
+            raise TypeError(f"values must be a mapping of parameter name to array (as parameters() gives), "
+                            f"got {type(values).__name__}")
+        named = self.named_parameters()
+        arrays = []
+        for name, p in named:
             if name not in values:
                 raise KeyError(f"missing parameter {name!r}")
             v = np.asarray(values[name])
+            if v.dtype.kind not in "biuf":
+                raise TypeError(f"parameter {name!r} must be an array of real numbers, got dtype {v.dtype}")
             if v.shape != p.value.shape:
                 raise ValueError(f"parameter {name!r} has shape {p.value.shape}, got {v.shape}")
+            arrays.append(v)
+        unknown = sorted(set(values) - {name for name, _ in named})
+        if unknown:
+            raise ValueError(f"values holds names this model does not have: {', '.join(map(repr, unknown[:5]))}"
+                             f"{' ...' if len(unknown) > 5 else ''}")
+        for (_, p), v in zip(named, arrays):
             p.value[...] = v
 
 
@@ -298,7 +323,7 @@ class GELU(Module):
     def forward(self, x: np.ndarray) -> np.ndarray:
         self._x = np.ascontiguousarray(x)
         y, self._w = _C.gelu_forward(self._x.reshape(-1))
-        return y.reshape(x.shape)
+        return y.reshape(self._x.shape)
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         dy = check_grad(dy, None if self._x is None else self._x.shape, None if self._x is None else self._x.dtype)
@@ -367,7 +392,7 @@ class ShortConv(Module):
     Parameters
     ----------
     dim, width : int
-        Channels and taps; width >= 1.
+        Channels and taps; width >= 2.
     dtype : float32 or float64, optional
 
     Examples
@@ -391,18 +416,30 @@ class ShortConv(Module):
 
     _x = None  # the last forward's input
 
+    def _check_tail(self, tail, batch: int) -> np.ndarray:
+        w = self.w.value
+        tail = check_input("tail", tail, w.shape[1], w.dtype, ndim=3, layout="(B, width - 1, dim)")
+        if tail.shape[:2] != (batch, self.width - 1):
+            raise ValueError(f"tail must have shape (B, width - 1, dim) = ({batch}, {self.width - 1}, {w.shape[1]}), "
+                             f"got {tail.shape}")
+        return tail
+
     def forward(self, x: np.ndarray, tail: Optional[np.ndarray] = None) -> np.ndarray:
         w = self.w.value
         x = check_input("x", x, w.shape[1], w.dtype, ndim=3, layout="(B, N, dim)")
         if tail is not None:
-            full = np.concatenate([tail.astype(x.dtype, copy=False), x], axis=1)
+            tail = self._check_tail(tail, x.shape[0])
+            full = np.concatenate([tail, x], axis=1)
             return _C.short_conv_forward(full, self.w.value)[:, tail.shape[1]:]
         self._x = np.ascontiguousarray(x)
         return _C.short_conv_forward(self._x, self.w.value)
 
     def next_tail(self, x: np.ndarray, tail: np.ndarray) -> np.ndarray:
         """The last width - 1 inputs after appending x (B, T, dim) to ``tail``."""
-        return np.concatenate([tail, x.astype(tail.dtype, copy=False)], axis=1)[:, -(self.width - 1):].copy()
+        w = self.w.value
+        x = check_input("x", x, w.shape[1], w.dtype, ndim=3, layout="(B, T, dim)")
+        tail = self._check_tail(tail, x.shape[0])
+        return np.concatenate([tail, x], axis=1)[:, -(self.width - 1):].copy()
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         dy = check_grad(dy, None if self._x is None else self._x.shape, self.w.value.dtype)

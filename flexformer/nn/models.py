@@ -11,7 +11,7 @@ from .._checks import check_int, check_real
 from ..init import RngLike, as_generator
 from ..recurrent import State
 from .attention import Block
-from .core import GELU, Embedding, LayerNorm, Linear, Module, Parameter, PositionalEncoding
+from .core import GELU, Embedding, LayerNorm, Linear, Module, Parameter, PositionalEncoding, check_grad
 
 
 class _Backbone(Module):
@@ -146,6 +146,7 @@ class EncoderClassifier(Module):
                  qk_norm: bool = False, learn_scale: bool = False, short_conv: int = 0, rng: RngLike = 0,
                  dtype=np.float32):
         super().__init__()
+        num_classes = check_int("num_classes", num_classes)
         gen = as_generator(rng)
         self.backbone = self.add_child("backbone", _Backbone(
             vocab, dim, depth, heads, max_len, attention, gen, causal=False, positional=positional,
@@ -207,6 +208,7 @@ class TwoTowerClassifier(EncoderClassifier):
     """
 
     HEADS = ("concat", "cosine")
+    _cos = None  # the cosine head's last forward: the pairs' cosines
 
     def __init__(self, vocab: int, num_classes: int = 2, *, dim: int = 64, head: str = "concat", rng: RngLike = 0,
                  dtype=np.float32, **kwargs):
@@ -277,6 +279,7 @@ class TwoTowerClassifier(EncoderClassifier):
             du_, dv_, dprod, ddiff = np.split(dpair, 4, axis=-1)
             dpooled = self._to_sequences(du_ + dprod * self._v + ddiff, dv_ + dprod * self._u - ddiff)
         else:
+            dlogits = check_grad(dlogits, None if self._cos is None else (len(self._cos), 2), self.scale.value.dtype)
             g = dlogits[:, 1]  # the logits are [0, a cos + b]: the first is a constant
             a = self.scale.value[0]
             self.scale.grad += np.array([(g * self._cos).sum(), g.sum()], self.scale.grad.dtype)
@@ -343,6 +346,14 @@ class CausalLM(Module):
     def step(self, ids: np.ndarray, cache: DecodeCache) -> np.ndarray:
         """Logits (B, T, vocab) of T >= 1 further tokens (B, T); advances ``cache``."""
         ids = _check_ids(ids, self.backbone.embed.vocab)
+        if ids.shape[1] < 1:
+            raise ValueError(f"ids must hold at least one token (B, T >= 1), got shape {ids.shape}")
+        if not isinstance(cache, DecodeCache):
+            raise TypeError(f"cache must be a DecodeCache (the second value prefill returns), "
+                            f"got {type(cache).__name__}")
+        if len(cache.states) != len(self.backbone.blocks):
+            raise ValueError(f"cache holds states for {len(cache.states)} layers, but this model has "
+                             f"{len(self.backbone.blocks)}: a cache continues the model that made it")
         return self.head.forward(self.backbone.step(ids, cache))
 
     def generate(self, prompt: np.ndarray, num_tokens: int, *, temperature: float = 1.0,
