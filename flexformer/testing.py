@@ -14,7 +14,31 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ._checks import check_real
 from .init import RngLike, as_generator
+
+
+def _check_settings(step, rtol=0.0, atol=0.0):
+    """The finite-difference step (finite, > 0) and tolerances (finite, >= 0) as floats;
+    TypeError or ValueError naming the one that is off."""
+    values = [check_real(name, value) for name, value in (("step", step), ("rtol", rtol), ("atol", atol))]
+    if not (np.isfinite(values[0]) and values[0] > 0):
+        raise ValueError(f"step must be a finite number > 0, got {step!r}")
+    for name, value in (("rtol", values[1]), ("atol", values[2])):
+        if not (np.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return values
+
+
+def _loss_value(value, what: str) -> float:
+    """A loss call's result as a float; TypeError unless it is one real number."""
+    try:
+        v = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must return a real number, got {type(value).__name__}") from None
+    if v.shape != ():
+        raise TypeError(f"{what} must return one number, got an array of shape {v.shape}")
+    return float(v)
 
 
 def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1e-6) -> np.ndarray:
@@ -27,8 +51,10 @@ def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1
     loss : callable
         Returns the scalar loss; reads ``x``.
     x : ndarray
-        float64, perturbed in place and restored.
+        float64, writeable and contiguous: perturbed in place and restored, also when
+        ``loss`` raises.
     step : float, optional
+        Finite, > 0.
 
     Returns
     -------
@@ -48,17 +74,22 @@ def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1
     if not (isinstance(x, np.ndarray) and x.dtype.newbyteorder("=") == np.float64):
         raise TypeError(f"x must be a float64 NumPy array (the one loss reads, perturbed in place), got "
                         f"{type(x).__name__}{'' if not isinstance(x, np.ndarray) else ' of ' + str(x.dtype)}")
+    step = _check_settings(step)[0]
+    if not x.flags.writeable:
+        raise ValueError("x must be writeable: it is perturbed in place (and restored)")
     grad = np.zeros_like(x, dtype=np.float64)
     flat, gflat = x.reshape(-1), grad.reshape(-1)
-    if not np.shares_memory(flat, x):
+    if x.size and not np.shares_memory(flat, x):
         raise ValueError("x must be contiguous so it can be perturbed in place")
     for i in range(flat.size):
         orig = flat[i]
-        flat[i] = orig + step
-        up = loss()
-        flat[i] = orig - step
-        down = loss()
-        flat[i] = orig
+        try:  # x comes back as it was even when loss raises
+            flat[i] = orig + step
+            up = _loss_value(loss(), "loss")
+            flat[i] = orig - step
+            down = _loss_value(loss(), "loss")
+        finally:
+            flat[i] = orig
         gflat[i] = (up - down) / (2.0 * step)
     return grad
 
@@ -129,6 +160,7 @@ def gradcheck(
     True
     """
     kwargs = dict(kwargs or {})
+    step, rtol, atol = _check_settings(step, rtol, atol)
     if isinstance(inputs, (np.ndarray, str)) or not isinstance(inputs, collections.abc.Sequence):
         raise TypeError(f"inputs must be a list or tuple of the arrays forward takes (e.g. [q, k, v, omega]), "
                         f"got {type(inputs).__name__}")
@@ -228,6 +260,7 @@ def check_model_gradients(
     >>> sorted(errors)
     ['W', 'b']
     """
+    step, rtol, atol = _check_settings(step, rtol, atol)
     gen = as_generator(rng)
     loss_and_backward()
     # the gradients of the unperturbed model, before the perturbed passes overwrite them
@@ -242,11 +275,13 @@ def check_model_gradients(
         u /= max(np.linalg.norm(u), 1e-300)
         analytic = float(np.sum(grads[name] * u))
         orig = p.value.copy()
-        p.value[...] = orig + step * u
-        up = loss_and_backward()
-        p.value[...] = orig - step * u
-        down = loss_and_backward()
-        p.value[...] = orig
+        try:  # the parameter comes back as it was even when the loss raises
+            p.value[...] = orig + step * u
+            up = _loss_value(loss_and_backward(), "loss_and_backward")
+            p.value[...] = orig - step * u
+            down = _loss_value(loss_and_backward(), "loss_and_backward")
+        finally:
+            p.value[...] = orig
         numeric = (up - down) / (2 * step)
         scale = max(float(np.linalg.norm(grads[name])), abs(numeric))
         diff = abs(numeric - analytic)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import flexformer as ff
-from flexformer.testing import gradcheck
+from flexformer.testing import check_model_gradients, gradcheck, numerical_gradient
 
 from conftest import make_inputs
 
@@ -82,6 +82,73 @@ def test_gradcheck_needs_float64_and_leaves_inputs_alone():
         gradcheck(ff.flex_s_attention, ff.flex_s_attention_backward, args, wrt=[0, 4, -1])
 
 
+
+
+@pytest.mark.parametrize("setting, value, exc, message", [
+    ("step", 0.0, ValueError, "step must be a finite number > 0, got 0.0"),  # was a ZeroDivisionError
+    ("step", -1e-6, ValueError, "step must be a finite number > 0"),
+    ("step", float("nan"), ValueError, "step must be a finite number > 0"),
+    ("step", "x", TypeError, "step must be a float, got str"),
+    ("rtol", -1.0, ValueError, "rtol must be a finite number >= 0"),
+    ("atol", float("inf"), ValueError, "atol must be a finite number >= 0"),
+])
+def test_the_checks_refuse_a_bad_step_or_tolerance(setting, value, exc, message):
+    x = make_inputs(B=1, H=1, Nq=3, d=2, e=2, m=2)
+    args = (x["q"], x["k"], x["v"], x["omega"])
+    with pytest.raises(exc, match=message):
+        gradcheck(ff.flex_s_attention, ff.flex_s_attention_backward, args, **{setting: value})
+    layer = ff.nn.Linear(2, 2, 0, dtype=np.float64)
+    with pytest.raises(exc, match=message):
+        check_model_gradients(lambda: 0.0, layer.named_parameters(), **{setting: value})
+    if setting == "step":
+        with pytest.raises(exc, match=message):
+            numerical_gradient(lambda: 0.0, np.zeros(2), step=value)
+
+
+def test_numerical_gradient_restores_x_when_the_loss_raises_and_wants_one_number():
+    x = np.array([1.0, 2.0, 3.0])
+    calls = []
+
+    def failing():
+        calls.append(x.copy())
+        if len(calls) == 4:  # the second element's "up" pass, x[1] perturbed
+            raise KeyError("the user's loss failed")
+        return float(x.sum())
+
+    with pytest.raises(KeyError):
+        numerical_gradient(failing, x)
+    np.testing.assert_array_equal(x, [1.0, 2.0, 3.0])  # was left at 2 + 1e-6
+    assert calls[3][1] != 2.0
+    with pytest.raises(TypeError, match=r"loss must return one number, got an array of shape \(3,\)"):
+        numerical_gradient(lambda: x * 2, x)
+    with pytest.raises(TypeError, match="loss must return a real number, got str"):
+        numerical_gradient(lambda: "x", x)
+    with pytest.raises(ValueError, match="x must be writeable"):
+        frozen = x.copy()
+        frozen.setflags(write=False)
+        numerical_gradient(lambda: 0.0, frozen)
+    np.testing.assert_array_equal(numerical_gradient(lambda: 0.0, np.zeros((0, 3))), np.zeros((0, 3)))
+
+
+def test_check_model_gradients_restores_the_parameter_when_the_loss_raises():
+    layer = ff.nn.Linear(3, 2, 0, dtype=np.float64)
+    before = {n: v.copy() for n, v in layer.parameters().items()}
+    x = np.random.default_rng(0).standard_normal((4, 3))
+    calls = []
+
+    def loss_and_backward():
+        calls.append(1)
+        if len(calls) == 3:  # the first parameter's "down" pass
+            raise RuntimeError("the user's loss failed")
+        layer.zero_grad()
+        y = layer.forward(x)
+        layer.backward(np.ones_like(y))
+        return float(y.sum())
+
+    with pytest.raises(RuntimeError):
+        check_model_gradients(loss_and_backward, layer.named_parameters())
+    for n, v in layer.parameters().items():
+        np.testing.assert_array_equal(v, before[n])
 @pytest.mark.parametrize("kind", ff.attention_kinds())
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_every_kind_starts_with_c_ordered_writeable_parameters(kind, dtype):
