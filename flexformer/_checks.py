@@ -1,5 +1,6 @@
 """Checks of the public functions' scalar arguments, with messages naming them (arrays are
 checked in C)."""
+import math
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,15 @@ def check_real(name: str, value: Any, *, optional: bool = False):
         kind = "a float or None" if optional else "a float"
         raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
     return float(value)
+
+
+def check_positive(name: str, value: Any, *, zero_ok: bool = False, optional: bool = False):
+    """``value`` as a finite float > 0 (>= 0 with ``zero_ok``; None passes when
+    ``optional``): TypeError naming ``name`` for a non-number, ValueError for one out of range."""
+    value = check_real(name, value, optional=optional)
+    if value is not None and not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0, got {value}")
+    return value
 
 
 def check_overflow(function: str, results, inputs, hint: str) -> None:

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ._checks import check_int, check_layouts
+from ._checks import check_bool, check_int, check_layouts, check_positive
 from .functional import DEFAULT_EPS
 from .registry import attention_kinds, check_param_shapes, features, get_attention, require_params
 
@@ -52,10 +52,36 @@ def nominal_scale(kind: str, params: Dict[str, np.ndarray], head_dim: int) -> np
     True
     """
     spec = get_attention(kind)
+    head_dim = check_int("head_dim", head_dim)
+    require_params(kind, params)
     if spec.nominal_scale is not None:
         return spec.nominal_scale(params, head_dim)
     H = next((np.shape(v)[0] for v in params.values()), None)
     return np.full(H if H is not None else 1, 1.0 / np.sqrt(head_dim))
+
+
+def _check_rows(rows, n: int) -> np.ndarray:
+    """The query positions: all n when None, else a 1-d integer array in 0..n-1."""
+    if rows is None:
+        return np.arange(n)
+    r = np.asarray(rows)
+    if r.ndim != 1 or (r.size and r.dtype.kind not in "iu"):
+        raise ValueError(f"rows must be a 1-d array of integer query positions, got {r.dtype} {r.shape}")
+    if r.size and (r.min() < 0 or r.max() >= n):
+        raise ValueError(f"rows must lie in 0..{n - 1} (the query positions), got {r.min()}..{r.max()}")
+    return r.astype(np.intp)
+
+
+def _check_mask(key_mask, B: int, nk: int) -> Optional[np.ndarray]:
+    """``key_mask`` as the attention functions take it: None or bool (B, Nk)."""
+    if key_mask is None:
+        return None
+    m = np.asarray(key_mask)
+    if m.dtype != np.bool_:
+        raise TypeError(f"key_mask must have dtype bool, got {m.dtype}")
+    if m.shape != (B, nk):
+        raise ValueError(f"key_mask must have shape (B, Nk) = ({B}, {nk}) to match k, got {m.shape}")
+    return m
 
 
 def _visible(rows: np.ndarray, nk: int, causal: bool, key_mask: Optional[np.ndarray], lead) -> np.ndarray:
@@ -109,8 +135,12 @@ def kernel_rows(kind: str, q: np.ndarray, k: np.ndarray, params: Dict[str, np.nd
     >>> bool(np.allclose(a @ x, ff.flex_s_attention(x, x, x, params["omega"], causal=True)))
     True
     """
+    if kind not in KERNEL_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KERNEL_KINDS)} (the kinds with a feature map), got {kind!r}")
     q64, k64 = check_layouts(q=(q, "BHId"), k=(k, "BHJd"))
-    rows = np.arange(q64.shape[2]) if rows is None else np.asarray(rows)
+    rows = _check_rows(rows, q64.shape[2])
+    causal, eps = check_bool("causal", causal), check_positive("eps", eps)
+    key_mask = _check_mask(key_mask, q64.shape[0], k64.shape[2])
     q64 = q64[:, :, rows]
     require_params(kind, params)
     p64 = {n: np.asarray(v, np.float64) for n, v in params.items()}
@@ -152,7 +182,8 @@ def softmax_rows(q: np.ndarray, k: np.ndarray, scale, *, causal: bool = False,
     True
     """
     q, k = check_layouts(q=(q, "BHId"), k=(k, "BHJd"))
-    rows = np.arange(q.shape[2]) if rows is None else np.asarray(rows)
+    rows, causal = _check_rows(rows, q.shape[2]), check_bool("causal", causal)
+    key_mask = _check_mask(key_mask, q.shape[0], k.shape[2])
     scale = np.asarray(scale)
     if scale.dtype.kind not in "iuf" or scale.shape not in ((), (1,), (q.shape[1],)):
         raise ValueError(f"scale must be a number or one per head ({q.shape[1]},), got {scale.dtype} {scale.shape}")
@@ -186,7 +217,10 @@ def parameter_summary(kind: str, params: Dict[str, np.ndarray]) -> Dict[str, Lis
     2
     """
     summarise = get_attention(kind).parameter_summary
-    return {} if summarise is None else summarise(params)
+    if summarise is None:
+        return {}
+    require_params(kind, params)
+    return summarise(params)
 
 
 def sample_rows(n: int, count: int) -> np.ndarray:

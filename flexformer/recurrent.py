@@ -33,7 +33,7 @@ import numpy as np
 
 from .runtime import _C
 from . import functional as lin
-from ._checks import check_float_dtype, check_int, check_overflow, check_real, check_sizes, native
+from ._checks import check_float_dtype, check_int, check_overflow, check_positive, check_sizes, native
 from .registry import USER_FEATURES, attention_kinds, check_param_shapes, get_attention, require_params
 from .registry import features as _features
 from .registry import num_features as _num_features
@@ -414,9 +414,7 @@ class RecurrentAttention:
         if name:  # the parameters in the kernel's order
             self._kernel = _causal_call(getattr(_C, f"{name}_forward"),
                                         tuple(self.params[n] for n in (spec.params if spec else ())))
-        self.eps = check_real("eps", eps)
-        if not (np.isfinite(self.eps) and self.eps > 0):
-            raise ValueError(f"eps must be finite and > 0, got {eps}")
+        self.eps = check_positive("eps", eps)
 
     # ------------------------------------------------------------------ helpers
     def _run_kernel(self, state: LinearAttentionState, q, k, v, key_mask) -> np.ndarray:

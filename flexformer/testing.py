@@ -14,20 +14,15 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ._checks import check_real
+from ._checks import check_positive
 from .init import RngLike, as_generator
 
 
 def _check_settings(step, rtol=0.0, atol=0.0):
     """The finite-difference step (finite, > 0) and tolerances (finite, >= 0) as floats;
     TypeError or ValueError naming the one that is off."""
-    values = [check_real(name, value) for name, value in (("step", step), ("rtol", rtol), ("atol", atol))]
-    if not (np.isfinite(values[0]) and values[0] > 0):
-        raise ValueError(f"step must be a finite number > 0, got {step!r}")
-    for name, value in (("rtol", values[1]), ("atol", values[2])):
-        if not (np.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return values
+    return (check_positive("step", step), check_positive("rtol", rtol, zero_ok=True),
+            check_positive("atol", atol, zero_ok=True))
 
 
 def _loss_value(value, what: str) -> float:

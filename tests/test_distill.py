@@ -203,7 +203,7 @@ def test_bad_inputs():
         distill_loss("flex_n", q, k, p, teacher=np.zeros((1, 2, 3, 3)))
     with pytest.raises(ValueError, match="steps must be an int >= 0"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=-1)
-    with pytest.raises(ValueError, match="lr must be finite"):
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, lr=0.0)
     with pytest.raises(TypeError, match="lr must be a float, got str"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, lr="1e-3")
@@ -369,6 +369,8 @@ def test_decay_follows_a_cosine_to_a_tenth_of_lr():
     assert np.abs(flat.params["omega1"] - want["omega1"]).max() > 1e-4
     with pytest.raises(ValueError, match="decay must be a bool"):
         fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=1, decay="cosine")
+    with pytest.raises(ValueError, match="seed must be an int >= 0, got -1"):  # was NumPy's unnamed message
+        fit_kernels("flex_n", (q, k, mask), (q, k, mask), p, steps=1, seed=-1)
 
 
 def test_distill_command_defaults_are_the_experiments():

@@ -141,6 +141,39 @@ def test_kernel_rows_match_the_kernels_output(kind, causal):
     np.testing.assert_allclose(np.einsum("bhij,bhje->bhie", rows, v), out, rtol=1e-9, atol=1e-12)
 
 
+def test_diagnostics_refuse_what_the_kernels_refuse():
+    """Row positions, masks, guards and kinds are checked by name (an out-of-range or
+    float row was an IndexError, -1 counted from the end, a negative eps was used, and
+    linformer got a message about its E's shape)."""
+    q, k = _qk(N=6, d=4)
+    params = ff.get_attention("flex_n").init(2, 4, rng=0)
+    for rows, message in (([6], r"rows must lie in 0\.\.5 \(the query positions\), got 6\.\.6"),
+                          ([-1], r"rows must lie in 0\.\.5"), ([1.5], r"rows must be a 1-d array of integer"),
+                          ([[1]], r"rows must be a 1-d array of integer")):
+        with pytest.raises(ValueError, match=message):
+            diagnostics.kernel_rows("flex_n", q, k, params, rows=np.array(rows))
+        with pytest.raises(ValueError, match=message):
+            diagnostics.softmax_rows(q, k, 0.5, rows=np.array(rows))
+    for call in (lambda m: diagnostics.kernel_rows("flex_n", q, k, params, key_mask=m),
+                 lambda m: diagnostics.softmax_rows(q, k, 0.5, key_mask=m)):
+        with pytest.raises(TypeError, match="key_mask must have dtype bool, got int64"):
+            call(np.ones((2, 6), np.int64))
+        with pytest.raises(ValueError, match=r"key_mask must have shape \(B, Nk\) = \(2, 6\) to match k, got \(2, 5\)"):
+            call(np.ones((2, 5), bool))
+    with pytest.raises(ValueError, match="eps must be a finite number > 0, got -1.0"):
+        diagnostics.kernel_rows("flex_n", q, k, params, eps=-1.0)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        diagnostics.kernel_rows("flex_n", q, k, params, causal="yes")
+    with pytest.raises(ValueError, match="kind must be one of .* got 'linformer'"):
+        diagnostics.kernel_rows("linformer", q, k, ff.get_attention("linformer").init(2, 4, max_len=6))
+    with pytest.raises(ValueError, match="params for flex_n need omega1, omega2, tau"):
+        diagnostics.parameter_summary("flex_n", {})
+    with pytest.raises(ValueError, match="head_dim must be an int >= 1, got 0"):
+        diagnostics.nominal_scale("flex_n", params, 0)
+    np.testing.assert_array_equal(diagnostics.kernel_rows("flex_n", q, k, params, rows=np.array([4, 1])),
+                                  diagnostics.kernel_rows("flex_n", q, k, params)[:, :, [4, 1]])
+
+
 def test_kernel_tv_is_zero_against_itself_and_large_for_noise():
     q, k = _qk(N=40, d=16, seed=5, scale=1.0)
     # many features, small scale, matched tau: the estimate is close to its softmax

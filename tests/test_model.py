@@ -195,6 +195,50 @@ def test_fmnist_loader_and_training_on_idx_files(tmp_path):
         ff.data.FashionMNIST(str(tmp_path))
 
 
+def test_fmnist_loader_names_a_broken_file(tmp_path):
+    """Broken IDX files are one ValueError naming the file or folder (a short header was
+    struct.error, a gzip one BadGzipFile, and labels of another count were taken)."""
+    import gzip
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (6, 28, 28)).astype(np.uint8)
+    labels = rng.integers(0, 10, 6)
+
+    def folder_with(name, image_bytes=None, label_array=labels, image_array=images):
+        folder = tmp_path / name
+        folder.mkdir()
+        for prefix in ("train", "t10k"):
+            images_path = folder / f"{prefix}-images-idx3-ubyte"
+            if image_bytes is None:
+                write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", image_array)
+            else:
+                images_path.write_bytes(image_bytes)
+            write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", label_array)
+        return str(folder)
+
+    header = b"\x00\x00\x08\x03"
+    for name, kwargs, message in (
+            ("short", dict(image_bytes=header[:3]), r"train-images-idx3-ubyte cannot be read: not an IDX file"),
+            ("dims", dict(image_bytes=header + b"\x00\x00"), r"cannot be read: IDX file is truncated: its header names 3"),
+            ("body", dict(image_bytes=header + np.array([6, 28, 28], ">u4").tobytes() + bytes(10)),
+             r"IDX file is truncated: 10 bytes for shape \(6, 28, 28\)"),
+            ("count", dict(label_array=labels[:5]), r"labels in .* must be one per image \(6\), got shape \(5,\)"),
+            ("label", dict(label_array=np.full(6, 12)), r"labels in .* must lie in 0\.\.9, got 12"),
+            ("size", dict(image_array=images[:, :14, :14]), r"images in .* must be n x 28 x 28, got \(6, 14, 14\)")):
+        with pytest.raises(ValueError, match=message):
+            ff.data.fmnist.load(folder_with(name, **kwargs))
+    bad_gzip = tmp_path / "gz"
+    bad_gzip.mkdir()
+    (bad_gzip / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte\.gz cannot be read: Not a gzipped file"):
+        ff.data.fmnist.load(str(bad_gzip))
+    with gzip.open(bad_gzip / "train-images-idx3-ubyte.gz", "wb") as fh:
+        fh.write(header + np.array([6, 28, 28], ">u4").tobytes() + images.tobytes())
+    raw = (bad_gzip / "train-images-idx3-ubyte.gz").read_bytes()
+    (bad_gzip / "train-images-idx3-ubyte.gz").write_bytes(raw[:len(raw) // 2])  # cut mid-stream
+    with pytest.raises(ValueError, match="cannot be read"):
+        ff.data.fmnist.load(str(bad_gzip))
+
+
 @pytest.mark.skipif(not os.path.isdir(AUSTEN), reason="shared Austen data not present")
 def test_text_tasks_on_austen(tmp_path):
     lm = train(small_config(tmp_path, task="text-lm", data_dir=AUSTEN, steps=30, seq_len=64),

@@ -228,7 +228,7 @@ def test_bad_inputs_raise_clear_errors():
         RecurrentAttention("linformer")
     with pytest.raises(ValueError, match="missing tau"):
         RecurrentAttention("flex_n", {"omega1": rec.params["omega1"], "omega2": rec.params["omega2"]})
-    with pytest.raises(ValueError, match="eps must be finite"):
+    with pytest.raises(ValueError, match="eps must be a finite number > 0, got 0.0"):
         RecurrentAttention("elu", eps=0.0)
     with pytest.raises(ValueError, match="value_dim must be an int >= 1"):
         LinearAttentionState.empty(1, 1, 4, 0)

@@ -7,6 +7,7 @@ or not) from a folder; Debian's ``dataset-fashion-mnist`` package installs them 
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
 from typing import Tuple
@@ -30,27 +31,57 @@ def _open(folder: str, stem: str):
 
 
 def read_idx(fh) -> np.ndarray:
-    """An IDX array (the MNIST file format: magic, dimensions, unsigned bytes)."""
-    zero, dtype_code, ndim = struct.unpack(">HBB", fh.read(4))
+    """An IDX array (the MNIST file format: magic, dimensions, unsigned bytes); ValueError
+    saying what is wrong with a file that is not one."""
+    header = fh.read(4)
+    if len(header) < 4:
+        raise ValueError(f"not an IDX file: {len(header)} bytes where the 4-byte header belongs")
+    zero, dtype_code, ndim = struct.unpack(">HBB", header)
     if zero != 0 or dtype_code != 0x08:
         raise ValueError("not an unsigned-byte IDX file")
-    shape = struct.unpack(">" + "I" * ndim, fh.read(4 * ndim))
+    dims = fh.read(4 * ndim)
+    if len(dims) < 4 * ndim:
+        raise ValueError(f"IDX file is truncated: its header names {ndim} dimensions")
+    shape = struct.unpack(">" + "I" * ndim, dims)
     data = np.frombuffer(fh.read(), dtype=np.uint8)
-    if data.size != int(np.prod(shape)):
+    if data.size != math.prod(shape):
         raise ValueError(f"IDX file is truncated: {data.size} bytes for shape {shape}")
     return data.reshape(shape)
 
 
+def _read(folder: str, stem: str) -> np.ndarray:
+    fh = _open(folder, stem)
+    try:
+        with fh:
+            return read_idx(fh)
+    except (ValueError, OSError, EOFError) as exc:  # OSError: gzip's BadGzipFile
+        raise ValueError(f"Fashion-MNIST file {fh.name} cannot be read: {exc}") from None
+
+
 def load(folder: str = DEFAULT_DIR, split: str = "train") -> Tuple[np.ndarray, np.ndarray]:
-    """(images (n, 784) uint8, labels (n,) int64) of the train or test split."""
+    """(images (n, 784) uint8, labels (n,) int64) of the train or test split.
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder or a file is missing (the message says how to get them).
+    ValueError
+        A file is not an IDX file of 28 x 28 images or of labels 0..9, or the two files
+        hold different numbers of examples.
+    """
     if not os.path.isdir(folder):
         what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
         raise FileNotFoundError(f"Fashion-MNIST folder {folder} {what}: {HOW_TO_GET}")
     prefix = {"train": "train", "test": "t10k"}[check_split(split)]
-    with _open(folder, f"{prefix}-images-idx3-ubyte") as fh:
-        images = read_idx(fh)
-    with _open(folder, f"{prefix}-labels-idx1-ubyte") as fh:
-        labels = read_idx(fh)
+    images = _read(folder, f"{prefix}-images-idx3-ubyte")
+    labels = _read(folder, f"{prefix}-labels-idx1-ubyte")
+    if images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise ValueError(f"Fashion-MNIST images in {folder} must be n x 28 x 28, got {images.shape}")
+    if labels.ndim != 1 or len(labels) != len(images):
+        raise ValueError(f"Fashion-MNIST labels in {folder} must be one per image ({len(images)}), "
+                         f"got shape {labels.shape}")
+    if labels.size and labels.max() > 9:
+        raise ValueError(f"Fashion-MNIST labels in {folder} must lie in 0..9, got {labels.max()}")
     return images.reshape(len(images), -1), labels.astype(np.int64)
 
 

@@ -22,7 +22,6 @@ Public: :func:`distill_loss` (loss, per-head losses and analytic gradients),
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import check_int, check_real, native
+from .._checks import check_int, check_positive, check_real, native
 from .._progress import ProgressLine
 from ..nn.core import Parameter
 from ..registry import attention_kinds, check_param_shapes, feature_backward, features, get_attention, require_params
@@ -421,8 +420,8 @@ def fit_kernels(kind: str, train: Tuple[np.ndarray, np.ndarray, Optional[np.ndar
     for name, val_ in (("steps", steps), ("batch_size", batch_size), ("eval_every", eval_every),
                        ("patience", patience)):
         check_int(name, val_, 0 if name == "steps" else 1)
-    if not (math.isfinite(check_real("lr", lr)) and lr > 0):
-        raise ValueError(f"lr must be finite and > 0, got {lr}")
+    lr = check_positive("lr", lr)
+    seed = check_int("seed", seed, 0)
     for name, data in (("train", train), ("val", val)):
         if not (isinstance(data, (tuple, list)) and len(data) == 3):
             raise ValueError(f"{name} must be a tuple (q, k, key_mask), key_mask None for none, got "

@@ -1,7 +1,6 @@
 """Multi-head attention over any registered attention kind, and the pre-LN block."""
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional
 
 import numpy as np
@@ -9,7 +8,7 @@ import numpy as np
 from ..functional import DEFAULT_EPS
 from ..recurrent import RecurrentAttention, State
 from ..registry import get_attention
-from .._checks import check_bool, check_float_dtype, check_int, check_real
+from .._checks import check_bool, check_float_dtype, check_int, check_positive
 from ..init import RngLike, as_generator
 from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_input, check_short_conv
 
@@ -85,9 +84,7 @@ class MultiHeadAttention(Module):
         max_len = check_int("max_len", max_len)
         causal, qk_norm, learn_scale = (check_bool(name, value) for name, value in
                                         (("causal", causal), ("qk_norm", qk_norm), ("learn_scale", learn_scale)))
-        eps = check_real("eps", eps, optional=True)
-        if eps is not None and not (math.isfinite(eps) and eps > 0):
-            raise ValueError(f"eps must be a finite number > 0, got {eps}")
+        eps = check_positive("eps", eps, optional=True)
         rng = as_generator(rng)
         short_conv = check_short_conv(short_conv)
         if qk_norm and learn_scale:
