@@ -271,6 +271,8 @@ def generate_command(args) -> int:
         raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.seed is not None and args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     model, cfg, meta = load_model(args.checkpoint)
     if cfg.task != "text-lm":
         raise ValueError(f"{args.checkpoint} is a {cfg.task} model; generate needs a text-lm checkpoint "

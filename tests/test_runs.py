@@ -278,6 +278,8 @@ def test_generate_validates_before_printing(finished, tmp_path):
     assert one_error_line(done) and done.stdout == ""
     done = cli("generate", "--checkpoint", str(finished), "--prompt", "hello", "--top-k", "0")
     assert "--top-k must be >= 1" in one_error_line(done) and done.stdout == ""
+    done = cli("generate", "--checkpoint", str(finished), "--prompt", "hello", "--seed", "-1")
+    assert "--seed must be >= 0, got -1" in one_error_line(done) and done.stdout == ""  # was "rng", after the prompt
 
 
 def test_sampling_at_a_tiny_temperature_is_greedy():
