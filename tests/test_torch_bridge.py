@@ -187,6 +187,55 @@ def test_numpy_checkpoint_into_torch_and_back(tmp_path, task, attention_kind, sh
     assert np.abs(out - again).max() <= tol * max(np.abs(again).max(), 1)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kind", ["flex_n", "hedgehog"])
+def test_the_guard_eps_reaches_both_paths(kind, causal):
+    """eps, the linear kinds' denominator guard, as the NumPy functions take it: forward
+    and gradients of both torch paths equal NumPy's at an eps that guards rows (the count
+    says so, and the default eps gives another output)."""
+    spec, q, k, v, params, mask = _inputs(kind, N=40)
+    eps = {"flex_n": 0.9, "hedgehog": 0.2}[kind]  # some rows on the guard, some above it
+    values = {n: _np(p) for n, p in params.items()}
+    want, guarded = spec.forward(_np(q), _np(k), _np(v), values, causal=causal, key_mask=_np(mask), eps=eps,
+                                 return_guard_count=True)
+    assert 0 < guarded.sum() < 2 * 2 * 40
+    dout = np.random.default_rng(1).standard_normal(want.shape)
+    wq, wk, wv, wp = spec.backward(dout, _np(q), _np(k), _np(v), values, causal=causal, key_mask=_np(mask), eps=eps)
+    leaves = [q, k, v] + [params[n] for n in spec.learnable]
+    for backend in ("c", "torch"):
+        out = attention(kind, q, k, v, params, causal=causal, key_mask=mask, eps=eps, backend=backend)
+        np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-10, atol=1e-12)
+        grads = torch.autograd.grad(out, leaves, torch.from_numpy(dout))
+        for got, ref in zip(grads, [wq, wk, wv] + [wp[n] for n in spec.learnable]):
+            np.testing.assert_allclose(got.numpy(), ref, rtol=1e-8, atol=1e-10)
+        default = attention(kind, q, k, v, params, causal=causal, key_mask=mask, backend=backend)
+        assert np.abs(default.detach().numpy() - want).max() > 1e-3
+    with pytest.raises(ValueError, match="softmax: eps is the linear kinds' denominator guard; this kind has none"):
+        attention("softmax", q, k, v, {}, eps=eps)
+    with pytest.raises(ValueError, match="eps must be a finite number > 0, got -1.0"):
+        attention(kind, q, k, v, params, eps=-1.0)
+
+
+def test_a_checkpoint_with_attention_eps_loads_into_torch(tmp_path):
+    """A model trained with --attention-eps keeps its guard in torch (the torch models
+    refused such a configuration before)."""
+    cfg = TrainConfig(task="text-lm", attention="flex_n", dim=16, depth=1, heads=2, seq_len=24, dtype="float64",
+                      positional="sinusoidal", seed=3, attention_eps=0.5)
+    np_model = model_for_config(cfg, 256, None, 24)
+    save_checkpoint(str(tmp_path / "checkpoint.npz"), np_model.parameters(), {}, {"step": 1, "config": cfg.__dict__})
+    model, cfg2 = from_numpy_checkpoint(str(tmp_path))
+    assert cfg2.attention_eps == 0.5 and all(block.attn.eps == 0.5 for block in model.backbone.blocks)
+    ids = np.random.default_rng(0).integers(0, 256, (2, 24))
+    with torch.no_grad():
+        got = model(torch.from_numpy(ids)).numpy()
+    want = np_model.forward(ids)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    assert np_model.backbone.blocks[0].attn.guard_count.sum() > 0  # the guard is what was compared
+    with torch.no_grad():
+        model.backbone.blocks[0].attn.eps = None
+        assert np.abs(model(torch.from_numpy(ids)).numpy() - want).max() > 1e-6
+
+
 # ------------------------------------------------------------- data parallel
 
 

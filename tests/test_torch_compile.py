@@ -92,10 +92,11 @@ def test_a_compiled_model_of_the_bridge_has_no_graph_break():
     assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("eps", [None, 0.5])
 @pytest.mark.parametrize("keep", [False, True])
-def test_the_operators_pass_torch_opcheck(keep):
+def test_the_operators_pass_torch_opcheck(keep, eps):
     spec, q, k, v, params, mask = _inputs("flex_n", dtype=torch.float64, N=12)
-    args = ("flex_n", q, k, v, [params[n] for n in spec.params], False, mask, keep)
+    args = ("flex_n", q, k, v, [params[n] for n in spec.params], False, mask, eps, keep)
     torch.library.opcheck(torch.ops.flexformer.attention_forward.default, args)
 
 

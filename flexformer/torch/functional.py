@@ -25,6 +25,7 @@ import torch
 
 from .. import functional as _lin
 from ..features import fourier_function
+from .._checks import check_positive
 from ..registry import get_attention, require_params
 from .ops import kernel_attention
 
@@ -400,7 +401,8 @@ def check_backend(backend) -> str:
 
 
 def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[str, Tensor]] = None, *,
-              causal: bool = False, key_mask: Optional[Tensor] = None, backend: str = "auto") -> Tensor:
+              causal: bool = False, key_mask: Optional[Tensor] = None, eps: Optional[float] = None,
+              backend: str = "auto") -> Tensor:
     """Attention of a registered kind on torch tensors, differentiable.
 
     Parameters
@@ -415,6 +417,9 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
     causal : bool
     key_mask : bool Tensor (B, Nk), optional
         True = attend.
+    eps : float, optional
+        The linear kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`), as in
+        :func:`flexformer.attention`.
     backend : {"auto", "c", "torch"}
         See the module docstring; "c" raises ValueError for tensors it cannot take.
 
@@ -426,8 +431,9 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
     Raises
     ------
     ValueError
-        An unknown kind or backend, a missing or unknown parameter, or ``backend="c"`` for
-        tensors the C kernels cannot take.
+        An unknown kind or backend, a missing or unknown parameter, ``eps`` not a finite
+        number > 0 or given to a kind without a guard, or ``backend="c"`` for tensors the C
+        kernels cannot take.
     TypeError
         A non-tensor argument or a non-bool ``key_mask``.
 
@@ -447,6 +453,8 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
     params = {} if params is None else params
     require_params(kind, params)
     check_backend(backend)
+    eps = check_positive("eps", eps, optional=True)
+    spec._eps_option(eps)  # a ValueError for the kinds without a guard
     if key_mask is not None and key_mask.dtype != torch.bool:
         raise TypeError(f"key_mask must be a bool tensor, got {key_mask.dtype}")
     names = list(spec.params)
@@ -469,5 +477,7 @@ def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: Optional[Dict[
         raise ValueError("backend 'c' needs CPU tensors that all share float32 or float64; got "
                          + ", ".join(f"{t.dtype} on {t.device}" for t in tensors))
     if not use_c:
-        return torch_attention(kind, q, k, v, {n: params[n] for n in names}, causal=causal, key_mask=key_mask)
-    return kernel_attention(kind, q, k, v, [params[n] for n in names], causal=bool(causal), key_mask=key_mask)
+        return torch_attention(kind, q, k, v, {n: params[n] for n in names}, causal=causal, key_mask=key_mask,
+                               eps=EPS if eps is None else eps)
+    return kernel_attention(kind, q, k, v, [params[n] for n in names], causal=bool(causal), key_mask=key_mask,
+                            eps=eps)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_int
+from .._checks import check_int, check_positive
 from ..nn.core import check_short_conv
 from ..registry import get_attention
 from .functional import attention, check_backend
@@ -174,6 +174,9 @@ class MultiHeadAttention(nn.Module):
         As in :func:`flexformer.torch.attention`.
     short_conv : int, optional
         Width of causal depthwise convolutions on queries, keys and values (0: none).
+    eps : float, optional
+        The linear kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`);
+        the kinds without one ignore it, as :class:`flexformer.nn.MultiHeadAttention` does.
     device, dtype : optional
         Factory arguments, as torch's layers take them.
 
@@ -196,12 +199,15 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, attention_kind: str = "flex_n", *, causal: bool = False,
                  max_len: int = 512, num_features: Optional[int] = None, kernel_init: Optional[dict] = None,
-                 rng: int = 0, backend: str = "auto", short_conv: int = 0, device=None, dtype=None):
+                 rng: int = 0, backend: str = "auto", short_conv: int = 0, eps: Optional[float] = None,
+                 device=None, dtype=None):
         super().__init__()
         dim, num_heads = check_int("dim", dim), check_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
-        get_attention(attention_kind)  # a ValueError naming the kinds, before any allocation
+        spec = get_attention(attention_kind)  # a ValueError naming the kinds, before any allocation
+        eps = check_positive("eps", eps, optional=True)
+        self.eps = eps if spec.key_state else None
         check_backend(backend)
         check_short_conv(short_conv, integer_types=int)
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
@@ -257,7 +263,7 @@ class MultiHeadAttention(nn.Module):
         k = self._projection("k", key, key_mask)
         v = self._projection("v", value, key_mask)
         out = attention(self.kind, q, k, v, self.attn.values(), causal=self.causal, key_mask=key_mask,
-                        backend=self.backend)
+                        eps=self.eps, backend=self.backend)
         B, H, N, dh = out.shape
         return self.o(out.transpose(1, 2).reshape(B, N, H * dh))
 
@@ -283,7 +289,7 @@ class Backbone(nn.Module):
     """Embedding, positions, pre-LN blocks and a final LayerNorm, as flexformer.nn's."""
 
     def __init__(self, vocab, dim, depth, heads, max_len, attention_kind, *, causal, positional, mlp_ratio,
-                 num_features, backend, kernel_init=None, short_conv=0, device=None, dtype=None):
+                 num_features, backend, kernel_init=None, short_conv=0, eps=None, device=None, dtype=None):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
@@ -292,7 +298,7 @@ class Backbone(nn.Module):
         self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", **factory)
         self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, causal=causal,
                                            max_len=max_len, num_features=num_features, kernel_init=kernel_init, rng=i,
-                                           backend=backend, short_conv=short_conv, **factory)
+                                           backend=backend, short_conv=short_conv, eps=eps, **factory)
                                      for i in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-5, **factory)
 
@@ -309,12 +315,12 @@ class _Model(nn.Module):
     def __init__(self, vocab: int, out_dim: int, causal: bool, *, dim: int = 64, depth: int = 2, heads: int = 4,
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
                  num_features: Optional[int] = None, kernel_init: Optional[dict] = None, backend: str = "auto",
-                 short_conv: int = 0, device=None, dtype=None):
+                 short_conv: int = 0, eps: Optional[float] = None, device=None, dtype=None):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
         self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=causal, positional=positional,
                                  mlp_ratio=mlp_ratio, num_features=num_features, backend=backend,
-                                 kernel_init=kernel_init, short_conv=short_conv, **factory)
+                                 kernel_init=kernel_init, short_conv=short_conv, eps=eps, **factory)
         self.head = Linear(dim, out_dim, **factory)
 
     def reset_parameters(self) -> None:
@@ -417,13 +423,11 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     for option in ("qk_norm", "learn_scale"):
         if getattr(cfg, option, False):
             raise ValueError(f"the torch models have no {option} option; this configuration sets it")
-    if getattr(cfg, "attention_eps", None) is not None:
-        raise ValueError(f"the torch models use the default denominator guard; this configuration sets "
-                         f"attention_eps {cfg.attention_eps}")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
                   positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
-                  short_conv=int(getattr(cfg, "short_conv", 0)), dtype=dtype, backend=backend)
+                  short_conv=int(getattr(cfg, "short_conv", 0)), eps=getattr(cfg, "attention_eps", None),
+                  dtype=dtype, backend=backend)
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     if cfg.task == "retrieval":

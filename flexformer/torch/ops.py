@@ -2,10 +2,10 @@
 
 Two operators serve every kind of the registry, which the kind's name selects:
 
-* ``flexformer::attention_forward(kind, q, k, v, params, causal, key_mask, keep)`` returns
+* ``flexformer::attention_forward(kind, q, k, v, params, causal, key_mask, eps, keep)`` returns
   ``(out, key_state, projections)``; the last two are what a bidirectional forward keeps
   for its backward (empty when ``keep`` is False or the kind keeps nothing);
-* ``flexformer::attention_backward(kind, dout, q, k, v, params, causal, key_mask,
+* ``flexformer::attention_backward(kind, dout, q, k, v, params, causal, key_mask, eps,
   key_state, projections)`` returns ``[dq, dk, dv, *dparams]``, one gradient per learnable
   parameter of the kind in the registry's order.
 
@@ -42,18 +42,19 @@ def _empty(like: Tensor) -> Tensor:
 
 @torch.library.custom_op("flexformer::attention_forward", mutates_args=(), device_types="cpu")
 def attention_forward(kind: str, q: Tensor, k: Tensor, v: Tensor, params: List[Tensor], causal: bool,
-                      key_mask: Optional[Tensor], keep: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """The kind's C forward; with ``keep`` (bidirectional kinds that have a key state) also
-    the key state and the projections its backward can reuse."""
+                      key_mask: Optional[Tensor], eps: Optional[float], keep: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """The kind's C forward (``eps``: the linear kinds' guard, None for the default); with
+    ``keep`` (bidirectional kinds that have a key state) also the key state and the
+    projections its backward can reuse."""
     spec = get_attention(kind)
     mask = None if key_mask is None else _np(key_mask)
     values = _params(kind, params)
     if keep:
-        out, key_state, *kept = spec.forward(_np(q), _np(k), _np(v), values, key_mask=mask, return_key_state=True,
-                                             return_projections=spec.projections)
+        out, key_state, *kept = spec.forward(_np(q), _np(k), _np(v), values, key_mask=mask, eps=eps,
+                                             return_key_state=True, return_projections=spec.projections)
         projections = torch.from_numpy(kept[0]) if kept else _empty(q)
         return torch.from_numpy(out), torch.from_numpy(key_state), projections
-    out = spec.forward(_np(q), _np(k), _np(v), values, causal=causal, key_mask=mask)
+    out = spec.forward(_np(q), _np(k), _np(v), values, causal=causal, key_mask=mask, eps=eps)
     return torch.from_numpy(out), _empty(q), _empty(q)
 
 
@@ -71,7 +72,7 @@ def _kept_widths(kind: str, param_shapes: Tuple[Tuple[int, ...], ...], H: int, d
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(kind, q, k, v, params, causal, key_mask, keep):
+def _attention_forward_fake(kind, q, k, v, params, causal, key_mask, eps, keep):
     B, H, Nq, d = q.shape
     out = q.new_empty((B, H, Nq, v.shape[-1]))
     if not keep:
@@ -85,7 +86,7 @@ def _attention_forward_fake(kind, q, k, v, params, causal, key_mask, keep):
 
 @torch.library.custom_op("flexformer::attention_backward", mutates_args=(), device_types="cpu")
 def attention_backward(kind: str, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, params: List[Tensor],
-                       causal: bool, key_mask: Optional[Tensor], key_state: Tensor,
+                       causal: bool, key_mask: Optional[Tensor], eps: Optional[float], key_state: Tensor,
                        projections: Tensor) -> List[Tensor]:
     """``[dq, dk, dv, *dparams]`` of the kind's C backward (dparams: the learnable ones)."""
     spec = get_attention(kind)
@@ -96,22 +97,22 @@ def attention_backward(kind: str, dout: Tensor, q: Tensor, k: Tensor, v: Tensor,
         kept["projections"] = _np(projections)
     dq, dk, dv, dparams = spec.backward(np.ascontiguousarray(_np(dout)), _np(q), _np(k), _np(v),
                                         _params(kind, params), causal=causal,
-                                        key_mask=None if key_mask is None else _np(key_mask), **kept)
+                                        key_mask=None if key_mask is None else _np(key_mask), eps=eps, **kept)
     return [torch.from_numpy(g) for g in (dq, dk, dv)] + [torch.from_numpy(dparams[n]) for n in spec.learnable]
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(kind, dout, q, k, v, params, causal, key_mask, key_state, projections):
+def _attention_backward_fake(kind, dout, q, k, v, params, causal, key_mask, eps, key_state, projections):
     spec = get_attention(kind)
     learned = [p for n, p in zip(spec.params, params) if n in spec.learnable]
     return [t.new_empty(t.shape) for t in (q, k, v, *learned)]   # contiguous, as the kernels return them
 
 
 def _setup_forward(ctx, inputs, output):
-    kind, q, k, v, params, causal, key_mask, keep = inputs
+    kind, q, k, v, params, causal, key_mask, eps, keep = inputs
     _, key_state, projections = output
     ctx.mark_non_differentiable(key_state, projections)
-    ctx.kind, ctx.causal, ctx.num_params, ctx.has_mask = kind, causal, len(params), key_mask is not None
+    ctx.kind, ctx.causal, ctx.eps, ctx.num_params, ctx.has_mask = kind, causal, eps, len(params), key_mask is not None
     extra = (key_mask,) if key_mask is not None else ()
     ctx.save_for_backward(q, k, v, key_state, projections, *params, *extra)
 
@@ -120,11 +121,11 @@ def _backward_forward(ctx, dout, _dkey_state, _dprojections):
     q, k, v, key_state, projections, *rest = ctx.saved_tensors
     params, key_mask = rest[:ctx.num_params], (rest[ctx.num_params] if ctx.has_mask else None)
     dq, dk, dv, *learned = attention_backward(ctx.kind, dout, q, k, v, list(params), ctx.causal, key_mask,
-                                              key_state, projections)
+                                              ctx.eps, key_state, projections)
     spec = get_attention(ctx.kind)
     by_name = dict(zip(spec.learnable, learned))
     dparams = [by_name.get(n) for n in spec.params]
-    return None, dq, dk, dv, dparams, None, None, None
+    return None, dq, dk, dv, dparams, None, None, None, None
 
 
 attention_forward.register_autograd(_backward_forward, setup_context=_setup_forward)
@@ -144,10 +145,10 @@ attention_backward.register_autograd(_no_double_backward, setup_context=_setup_b
 
 
 def kernel_attention(kind: str, q: Tensor, k: Tensor, v: Tensor, params: List[Tensor], *, causal: bool,
-                     key_mask: Optional[Tensor]) -> Tensor:
+                     key_mask: Optional[Tensor], eps: Optional[float] = None) -> Tensor:
     """The C path of :func:`flexformer.torch.attention` through the operators above."""
     spec = get_attention(kind)
     keep = bool(spec.key_state and not causal and torch.is_grad_enabled()
                 and any(t.requires_grad for t in (q, k, v, *params)))
-    out, _, _ = torch.ops.flexformer.attention_forward(kind, q, k, v, params, causal, key_mask, keep)
+    out, _, _ = torch.ops.flexformer.attention_forward(kind, q, k, v, params, causal, key_mask, eps, keep)
     return out
