@@ -23,9 +23,10 @@ def check_sizes(**sizes: Any) -> None:
 
 
 def check_float_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
-    """``dtype`` as a NumPy dtype, float32 or float64; TypeError naming ``name`` otherwise."""
+    """``dtype`` as a native NumPy dtype, float32 or float64 (either byte order: ``'>f4'``
+    gives float32, as arrays of it are read); TypeError naming ``name`` otherwise."""
     try:
-        dt = np.dtype(dtype)
+        dt = np.dtype(dtype).newbyteorder("=")
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from None
     if dt not in (np.float32, np.float64):

@@ -374,6 +374,21 @@ def test_states_layers_and_checks_take_the_other_byte_order():
     np.testing.assert_array_equal(distill.teacher_rows(_swapped(q), _swapped(k)), distill.teacher_rows(q, k))
 
 
+@pytest.mark.parametrize("order", [">", "<"])
+def test_a_dtype_argument_in_either_byte_order_makes_native_arrays(order):
+    """dtype='>f4' (the dtype an array from a big-endian file carries) is float32 wherever a
+    dtype is asked for: the initialisers, layers and states make native arrays (it was refused)."""
+    for name, want in (("f4", np.float32), ("f8", np.float64)):
+        dtype = order + name
+        params = ff.get_attention("flex_n").init(2, 4, rng=0, dtype=dtype)
+        assert all(p.dtype == want and p.dtype.isnative for p in params.values())
+        np.testing.assert_array_equal(params["omega1"], ff.get_attention("flex_n").init(2, 4, rng=0, dtype=want)["omega1"])
+        assert ff.nn.Linear(2, 3, 0, dtype=dtype).W.value.dtype == want
+        assert ff.LinearAttentionState.empty(1, 2, 4, 4, dtype=dtype).dtype == want
+    with pytest.raises(TypeError, match="dtype must be float32 or float64, got int32"):
+        ff.nn.Linear(2, 3, 0, dtype=order + "i4")
+
+
 @pytest.mark.parametrize("position,name", [(0, "q"), (1, "k"), (2, "v"), (3, "omega")])
 def test_errors_name_the_argument_at_fault(position, name):
     x = make_inputs()

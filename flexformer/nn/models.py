@@ -1,13 +1,12 @@
 """The two models: an encoder classifier (mean-pooled) and a causal language model."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .._checks import check_int, check_real
+from .._checks import check_int, check_positive
 from ..init import RngLike, as_generator
 from ..recurrent import State
 from .attention import Block
@@ -369,13 +368,7 @@ class CausalLM(Module):
         if prompt.ndim != 1 or prompt.size < 1:
             raise ValueError(f"prompt must be a non-empty 1-d array of token ids, got shape {prompt.shape}")
         num_tokens = check_int("num_tokens", num_tokens, 0)
-        if not (isinstance(temperature, (int, float, np.floating)) and np.isfinite(temperature)
-                and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        vocab = self.head.W.value.shape[1]
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
-                                  or not 1 <= top_k <= vocab):
-            raise ValueError(f"top_k must be an int in 1..{vocab} or None, got {top_k!r}")
+        temperature, top_k = _check_sampling(temperature, top_k, self.head.W.value.shape[1])
         gen = as_generator(rng)
         logits, cache = self.prefill(prompt[None, :])
         out = []
@@ -415,13 +408,18 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: Optional[int], r
     z = np.asarray(logits)
     if z.dtype.kind not in "iuf" or z.ndim != 1 or z.size == 0:
         raise ValueError(f"logits must be a non-empty 1-d array of real numbers, got {z.dtype} {z.shape}")
-    z = z.astype(np.float64)
-    temperature = check_real("temperature", temperature)
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None:
-        check_int("top_k", top_k)
-    return _sample(z, temperature, top_k, as_generator(rng))
+    temperature, top_k = _check_sampling(temperature, top_k, z.size)
+    return _sample(z.astype(np.float64), temperature, top_k, as_generator(rng))
+
+
+def _check_sampling(temperature, top_k, vocab: int):
+    """generate's and sample_token's ``temperature`` (a finite number >= 0) and ``top_k``
+    (None or an int in 1..vocab), as a float and None or an int."""
+    temperature = check_positive("temperature", temperature, zero_ok=True)
+    if top_k is not None and (isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, (int, np.integer))
+                              or not 1 <= top_k <= vocab):
+        raise ValueError(f"top_k must be an int in 1..{vocab} or None, got {top_k!r}")
+    return temperature, None if top_k is None else int(top_k)
 
 
 def _sample(z: np.ndarray, temperature: float, top_k: Optional[int], rng: np.random.Generator) -> int:
