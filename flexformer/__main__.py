@@ -352,13 +352,16 @@ def distill_command(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .training.options import kernel_init_args
 
-    parser = argparse.ArgumentParser(prog="flexformer", description=__doc__,
+    # no abbreviated options (allow_abbrev=False): compare hands the options it does not take
+    # to every train run, and an abbreviation (--att for --attentions, --seed for --seeds)
+    # would be taken by the wrong parser, or override what compare sets for each run
+    parser = argparse.ArgumentParser(prog="flexformer", description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="`flexformer COMMAND --help` lists a command's options; "
                                             "`python -m flexformer` is the same program.")
     parser.add_argument("--version", action="version", version=f"flexformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    t = sub.add_parser("train", help="train and evaluate a model (default: flex_n on ListOps)")
+    t = sub.add_parser("train", allow_abbrev=False, help="train and evaluate a model (default: flex_n on ListOps)")
     parser.train_parser = t  # train_command reads which flags were given (for --resume)
     _train_args(t)
     t.add_argument("--out", default=None, help="run folder (default: a new one under runs/)")
@@ -367,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true", help="replace the run already in --out (without it, "
                    "a folder that holds a run is refused)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    c = sub.add_parser("compare", help="several attention kinds under one budget: a markdown table")
+    c = sub.add_parser("compare", allow_abbrev=False, help="several attention kinds under one budget: a markdown table")
     c.add_argument("--attentions", default=None,
                    help="comma-separated kinds (default: every registered kind; with --suite lra: "
                         f"{', '.join(LRA_KINDS)})")
@@ -385,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--jobs", type=int, default=1, help="with --suite: runs at once (default 1); each gets "
                    "--threads cpus/jobs unless you pass --threads")
     c.epilog = "Any other arguments (e.g. --task listops --steps 300) go to every train run."
-    p = sub.add_parser("demo", help="time Flexformer_n attention and compare it with softmax")
+    p = sub.add_parser("demo", allow_abbrev=False, help="time Flexformer_n attention and compare it with softmax")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length N (default 4096)")
     p.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
     p.add_argument("--head-dim", type=int, default=64, help="head size d = e (default 64)")
@@ -393,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
     p.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and frequencies (default 0)")
-    g = sub.add_parser("generate", help="sample text from a text-lm checkpoint (recurrent decoding)")
+    g = sub.add_parser("generate", allow_abbrev=False, help="sample text from a text-lm checkpoint (recurrent decoding)")
     g.add_argument("--checkpoint", required=True, metavar="DIR", help="run folder or checkpoint.npz of a "
                    "text-lm model")
     g.add_argument("--prompt", required=True, help="text to continue")
@@ -402,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely bytes")
     g.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     g.add_argument("--threads", type=int, default=None, help="kernel threads (default: OpenMP's)")
-    s = sub.add_parser("distill", help="distil all-MiniLM-L6-v2's attention into each kernel kind "
+    s = sub.add_parser("distill", allow_abbrev=False, help="distil all-MiniLM-L6-v2's attention into each kernel kind "
                        "(needs the distill extra)")
     s.add_argument("--data-dir", required=True, help="folder of novels (.txt): the last is the test novel, the "
                    "one before it validation")

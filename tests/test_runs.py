@@ -176,6 +176,25 @@ def test_compare_refuses_the_train_options_it_sets_for_each_run():
     check_train_args(train_parser, ["--steps", "5", "--task", "listops"])
 
 
+@pytest.mark.parametrize("given, message", [
+    (["--seed", "3"], "--seed cannot go to the train runs"),            # was taken as compare's --seeds
+    (["--attention", "flex_n"], "--attention cannot go to the train runs"),  # was compare's --attentions
+    (["--att", "flex_n"], "unrecognized arguments: --att flex_n"),
+])
+def test_compare_takes_no_abbreviations(given, message):
+    """An abbreviated or near-miss option is not taken for another: argparse's prefix
+    matching read --seed 3 as compare's --seeds 3 (the later --seeds won, silently) and
+    --att as --attentions."""
+    budget = [a for a in TINY if a != "--quiet"]  # compare sets --quiet itself
+    line = one_error_line(cli("compare", *given, "--attentions", "elu", "--seeds", "1", *budget))
+    assert message in line
+
+
+def test_train_takes_no_abbreviations():
+    done = cli("train", "--step", "1")
+    assert done.returncode == 2 and "error: unrecognized arguments: --step 1" in done.stderr
+
+
 def test_run_folder_problems_are_found_before_training(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
