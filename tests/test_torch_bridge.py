@@ -216,24 +216,52 @@ def test_the_guard_eps_reaches_both_paths(kind, causal):
         attention(kind, q, k, v, params, eps=-1.0)
 
 
-def test_a_checkpoint_with_attention_eps_loads_into_torch(tmp_path):
-    """A model trained with --attention-eps keeps its guard in torch (the torch models
-    refused such a configuration before)."""
+@pytest.mark.parametrize("option", [{"attention_eps": 0.5}, {"qk_norm": True}, {"learn_scale": True}])
+def test_the_numpy_models_attention_options_carry_into_torch(tmp_path, option):
+    """A checkpoint trained with --attention-eps, --qk-norm or --learn-scale loads into
+    torch (such configurations were refused) and gives the NumPy model's output and every
+    parameter's gradient (the learned lengths and scales too)."""
+    from flexformer.torch.nn import numpy_names
     cfg = TrainConfig(task="text-lm", attention="flex_n", dim=16, depth=1, heads=2, seq_len=24, dtype="float64",
-                      positional="sinusoidal", seed=3, attention_eps=0.5)
+                      positional="sinusoidal", seed=3, **option)
     np_model = model_for_config(cfg, 256, None, 24)
-    save_checkpoint(str(tmp_path / "checkpoint.npz"), np_model.parameters(), {}, {"step": 1, "config": cfg.__dict__})
+    rng = np.random.default_rng(0)
+    params = {n: v + 0.05 * rng.standard_normal(v.shape) for n, v in np_model.parameters().items()}
+    np_model.load_parameters(params)
+    save_checkpoint(str(tmp_path / "checkpoint.npz"), params, {}, {"step": 1, "config": cfg.__dict__})
     model, cfg2 = from_numpy_checkpoint(str(tmp_path))
-    assert cfg2.attention_eps == 0.5 and all(block.attn.eps == 0.5 for block in model.backbone.blocks)
-    ids = np.random.default_rng(0).integers(0, 256, (2, 24))
-    with torch.no_grad():
-        got = model(torch.from_numpy(ids)).numpy()
+    assert cfg2 == cfg
+    ids = rng.integers(0, 256, (2, 24))
     want = np_model.forward(ids)
-    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
-    assert np_model.backbone.blocks[0].attn.guard_count.sum() > 0  # the guard is what was compared
-    with torch.no_grad():
-        model.backbone.blocks[0].attn.eps = None
-        assert np.abs(model(torch.from_numpy(ids)).numpy() - want).max() > 1e-6
+    dlogits = rng.standard_normal(want.shape)
+    np_model.zero_grad()
+    np_model.backward(dlogits)
+    out = model(torch.from_numpy(ids))
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-10, atol=1e-10)
+    out.backward(torch.from_numpy(dlogits))
+    np_grads, names = np_model.gradients(), numpy_names(model)
+    for name, p in model.named_parameters():
+        np_name, transposed = names[name]
+        if p.grad is None:
+            assert np_name not in np_grads
+            continue
+        got = p.grad.numpy().T if transposed else p.grad.numpy()
+        np.testing.assert_allclose(got, np_grads[np_name], rtol=1e-8, atol=1e-10, err_msg=name)
+    scale_names = [n for n in np_grads if n.endswith(("qk_log_scale", ".log_scale"))]
+    assert len(scale_names) == (0 if "attention_eps" in option else 1)
+    if "attention_eps" in option:  # the guard is what was compared
+        assert np_model.backbone.blocks[0].attn.guard_count.sum() > 0
+        with torch.no_grad():
+            model.backbone.blocks[0].attn.eps = None
+            assert np.abs(model(torch.from_numpy(ids)).numpy() - want).max() > 1e-6
+
+
+def test_the_torch_layer_refuses_qk_norm_with_learn_scale():
+    from flexformer.torch import MultiHeadAttention
+    with pytest.raises(ValueError, match="qk_norm and learn_scale are alternatives"):
+        MultiHeadAttention(8, 2, qk_norm=True, learn_scale=True)
+    with pytest.raises(TypeError, match="qk_norm must be a bool"):
+        MultiHeadAttention(8, 2, qk_norm="yes")
 
 
 # ------------------------------------------------------------- data parallel
@@ -353,3 +381,5 @@ def test_torch_trainer_options_come_from_the_config_fields():
     cfg = config_from_options(parse_args(["--clip", "0.5", "--dtype", "float64", "--features", "4",
                                           "--kernel-init-matched-tau"]))
     assert (cfg.clip, cfg.dtype, cfg.num_features, cfg.kernel_init_match_tau) == (0.5, "float64", 4, True)
+    cfg = config_from_options(parse_args(["--attention-eps", "0.01", "--qk-norm"]))
+    assert (cfg.attention_eps, cfg.qk_norm, cfg.learn_scale) == (0.01, True, False)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_int, check_positive
+from .._checks import check_bool, check_int, check_positive
 from ..nn.core import check_short_conv
 from ..registry import get_attention
 from .functional import attention, check_backend
@@ -97,17 +97,28 @@ class PositionalEncoding(nn.Module):
 class KernelParams(nn.Module):
     """The attention kind's own parameters (names as in the registry); the ones the kind
     does not learn (rfa's and performer's omega) have requires_grad False. Drawn by the
-    kind's initialiser from the seed ``rng`` (in float32, or float64 for float64)."""
+    kind's initialiser from the seed ``rng`` (in float32, or float64 for float64). With
+    ``qk_norm`` or ``learn_scale`` also the per-head log length or log scale of queries and
+    keys, ``qk_log_scale`` or ``log_scale`` (H,), as :class:`flexformer.nn.MultiHeadAttention`
+    names and starts them."""
 
     def __init__(self, kind: str, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
-                 max_len: int = 512, kernel_init: Optional[dict] = None, rng: int = 0, device=None, dtype=None):
+                 max_len: int = 512, kernel_init: Optional[dict] = None, rng: int = 0, qk_norm: bool = False,
+                 learn_scale: bool = False, device=None, dtype=None):
         super().__init__()
         self.kind, self._init_args = kind, (num_heads, head_dim, num_features, max_len, dict(kernel_init or {}), rng)
         spec = get_attention(kind)
         for name in spec.params:
             setattr(self, name, nn.Parameter(torch.empty(0, device=device, dtype=dtype),
                                              requires_grad=name in spec.learnable))
+        self.qk_mode = "norm" if qk_norm else "scale" if learn_scale else None
+        if self.qk_mode is not None:
+            setattr(self, self._scale_name, nn.Parameter(torch.empty(num_heads, device=device, dtype=dtype)))
         self.reset_parameters()
+
+    @property
+    def _scale_name(self) -> str:
+        return "qk_log_scale" if self.qk_mode == "norm" else "log_scale"
 
     def reset_parameters(self) -> None:
         spec = get_attention(self.kind)
@@ -119,9 +130,24 @@ class KernelParams(nn.Module):
         for name in spec.params:
             p = getattr(self, name)
             p.data = torch.from_numpy(np.array(values[name])).to(device=p.device, dtype=p.dtype)
+        if self.qk_mode is not None:  # |q'|^2 = head size at the start (norm); the identity (scale)
+            with torch.no_grad():
+                getattr(self, self._scale_name).fill_(0.5 * math.log(head_dim) if self.qk_mode == "norm" else 0.0)
 
     def values(self) -> Dict[str, torch.Tensor]:
-        return dict(self.named_parameters())
+        """The kind's parameters by name (what :func:`flexformer.torch.attention` takes)."""
+        return {name: getattr(self, name) for name in get_attention(self.kind).params}
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """Queries or keys (B, H, N, dh) as the kernel sees them: e^g x / |x| per head
+        (qk_norm), e^g x (learn_scale), or x itself."""
+        if self.qk_mode is None:
+            return x
+        gain = getattr(self, self._scale_name).exp().to(x.dtype).view(1, -1, 1, 1)
+        if self.qk_mode == "scale":
+            return x * gain
+        norm = x.square().sum(-1, keepdim=True).sqrt().clamp_min(torch.finfo(x.dtype).tiny)
+        return x * (gain / norm)
 
 
 class ShortConv(nn.Module):
@@ -177,6 +203,9 @@ class MultiHeadAttention(nn.Module):
     eps : float, optional
         The linear kinds' denominator guard (default :data:`flexformer.DEFAULT_EPS`);
         the kinds without one ignore it, as :class:`flexformer.nn.MultiHeadAttention` does.
+    qk_norm, learn_scale : bool, optional
+        Queries and keys at a learned length per head, or scaled by a learned factor per
+        head, before the kernel: as in :class:`flexformer.nn.MultiHeadAttention` (not both).
     device, dtype : optional
         Factory arguments, as torch's layers take them.
 
@@ -200,7 +229,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, attention_kind: str = "flex_n", *, causal: bool = False,
                  max_len: int = 512, num_features: Optional[int] = None, kernel_init: Optional[dict] = None,
                  rng: int = 0, backend: str = "auto", short_conv: int = 0, eps: Optional[float] = None,
-                 device=None, dtype=None):
+                 qk_norm: bool = False, learn_scale: bool = False, device=None, dtype=None):
         super().__init__()
         dim, num_heads = check_int("dim", dim), check_int("num_heads", num_heads)
         if dim % num_heads:
@@ -208,6 +237,10 @@ class MultiHeadAttention(nn.Module):
         spec = get_attention(attention_kind)  # a ValueError naming the kinds, before any allocation
         eps = check_positive("eps", eps, optional=True)
         self.eps = eps if spec.key_state else None
+        qk_norm, learn_scale = check_bool("qk_norm", qk_norm), check_bool("learn_scale", learn_scale)
+        if qk_norm and learn_scale:
+            raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
+                             "choose one")
         check_backend(backend)
         check_short_conv(short_conv, integer_types=int)
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
@@ -219,7 +252,8 @@ class MultiHeadAttention(nn.Module):
             for name in ("q", "k", "v"):
                 setattr(self, "conv_" + name, ShortConv(dim, short_conv, **factory))
         self.attn = KernelParams(attention_kind, num_heads, self.dh, num_features=num_features, max_len=max_len,
-                                 kernel_init=kernel_init, rng=rng, **factory)
+                                 kernel_init=kernel_init, rng=rng, qk_norm=qk_norm, learn_scale=learn_scale,
+                                 **factory)
 
     def reset_parameters(self) -> None:
         for module in self.children():
@@ -259,8 +293,8 @@ class MultiHeadAttention(nn.Module):
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
-        q = self._projection("q", query, key_mask if self_attention else None)
-        k = self._projection("k", key, key_mask)
+        q = self.attn.normalise(self._projection("q", query, key_mask if self_attention else None))
+        k = self.attn.normalise(self._projection("k", key, key_mask))
         v = self._projection("v", value, key_mask)
         out = attention(self.kind, q, k, v, self.attn.values(), causal=self.causal, key_mask=key_mask,
                         eps=self.eps, backend=self.backend)
@@ -289,7 +323,8 @@ class Backbone(nn.Module):
     """Embedding, positions, pre-LN blocks and a final LayerNorm, as flexformer.nn's."""
 
     def __init__(self, vocab, dim, depth, heads, max_len, attention_kind, *, causal, positional, mlp_ratio,
-                 num_features, backend, kernel_init=None, short_conv=0, eps=None, device=None, dtype=None):
+                 num_features, backend, kernel_init=None, short_conv=0, eps=None, qk_norm=False, learn_scale=False,
+                 device=None, dtype=None):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
@@ -298,7 +333,8 @@ class Backbone(nn.Module):
         self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", **factory)
         self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, causal=causal,
                                            max_len=max_len, num_features=num_features, kernel_init=kernel_init, rng=i,
-                                           backend=backend, short_conv=short_conv, eps=eps, **factory)
+                                           backend=backend, short_conv=short_conv, eps=eps, qk_norm=qk_norm,
+                                           learn_scale=learn_scale, **factory)
                                      for i in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-5, **factory)
 
@@ -315,12 +351,14 @@ class _Model(nn.Module):
     def __init__(self, vocab: int, out_dim: int, causal: bool, *, dim: int = 64, depth: int = 2, heads: int = 4,
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
                  num_features: Optional[int] = None, kernel_init: Optional[dict] = None, backend: str = "auto",
-                 short_conv: int = 0, eps: Optional[float] = None, device=None, dtype=None):
+                 short_conv: int = 0, eps: Optional[float] = None, qk_norm: bool = False, learn_scale: bool = False,
+                 device=None, dtype=None):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
         self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=causal, positional=positional,
                                  mlp_ratio=mlp_ratio, num_features=num_features, backend=backend,
-                                 kernel_init=kernel_init, short_conv=short_conv, eps=eps, **factory)
+                                 kernel_init=kernel_init, short_conv=short_conv, eps=eps, qk_norm=qk_norm,
+                                 learn_scale=learn_scale, **factory)
         self.head = Linear(dim, out_dim, **factory)
 
     def reset_parameters(self) -> None:
@@ -420,13 +458,11 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     if cfg.linformer_sharing != "none":
         raise ValueError("the torch models support Linformer with per-head projections only "
                          f"(linformer_sharing 'none'), got {cfg.linformer_sharing!r}")
-    for option in ("qk_norm", "learn_scale"):
-        if getattr(cfg, option, False):
-            raise ValueError(f"the torch models have no {option} option; this configuration sets it")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
                   positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
                   short_conv=int(getattr(cfg, "short_conv", 0)), eps=getattr(cfg, "attention_eps", None),
+                  qk_norm=bool(getattr(cfg, "qk_norm", False)), learn_scale=bool(getattr(cfg, "learn_scale", False)),
                   dtype=dtype, backend=backend)
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)

@@ -42,7 +42,8 @@ from .nn import load_numpy_parameters, model_for_config, numpy_names, save_numpy
 #: the TrainConfig fields this trainer takes as options (flexformer.training.options)
 OPTIONS = ("task", "attention", "dim", "depth", "heads", "num_features", "positional", "seq_len", "steps",
            "batch_size", "lr", "weight_decay", "warmup", "clip", "seed", "dtype", "data_dir", "eval_batches",
-           "threads", "kernel_init_scale", "kernel_init_spread", "kernel_init_match_tau", "short_conv")
+           "threads", "kernel_init_scale", "kernel_init_spread", "kernel_init_match_tau", "short_conv",
+           "attention_eps", "qk_norm", "learn_scale")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
