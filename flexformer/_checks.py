@@ -1,6 +1,7 @@
 """Checks of the public functions' scalar arguments, with messages naming them (arrays are
 checked in C)."""
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,14 @@ def native(x: np.ndarray) -> np.ndarray:
     it as it reads it; NumPy's dtype comparisons tell the two orders apart (``'>f4'`` is not
     float32), so the Python checks look at native arrays. A copy only for the other order."""
     return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
+
+
+def check_path(name: str, value: Any):
+    """A file-system path (str or os.PathLike) as a str; TypeError naming ``name`` otherwise
+    (an int would be taken for an open file descriptor by os.path)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}")
+    return os.fspath(value)
 
 
 def check_split(split: Any) -> str:

@@ -1,4 +1,6 @@
 """Every bad input raises a clear TypeError or ValueError naming the argument."""
+import os
+
 import numpy as np
 import pytest
 
@@ -236,6 +238,13 @@ def _objects():
         yield f"RecurrentAttention({kind})", lambda kind=kind, params=params: ff.RecurrentAttention(kind, params)
     yield "LinearAttentionState", lambda: ff.LinearAttentionState.empty(1, 2, 4, 4)
     yield "KVCacheState", lambda: ff.KVCacheState.empty(1, 2, 4, 4)
+    yield "ListOps", lambda: ff.data.ListOps(32)
+    yield "Pathfinder", lambda: ff.data.Pathfinder(16)
+    yield "AdamW", lambda: ff.training.AdamW(Linear(3, 2, 0).named_parameters(), lr=0.1)
+    austen = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "austen")
+    if os.path.isdir(austen):  # the shared data of developer machines and CI
+        for cls in (ff.data.TextLM, ff.data.TextClassification, ff.data.TextRetrieval):
+            yield cls.__name__, lambda cls=cls: cls(austen, 64)
     for name, make in (("LayerNorm", lambda: LayerNorm(8)), ("Linear", lambda: Linear(8, 4, 0)),
                        ("Embedding", lambda: Embedding(10, 8, 0)), ("ShortConv", lambda: ShortConv(8, 3)),
                        ("MLP", lambda: MLP(8, 16, 0)), ("PositionalEncoding", lambda: PositionalEncoding(8, 8, 0)),
@@ -272,6 +281,15 @@ def test_every_public_method_answers_garbage_with_a_clear_error():
                     unclear.append(f"{name}.{method}({garbage!r:.20}, ...): {type(exc).__name__}: {str(exc)[:80]}")
     assert calls > 1000
     assert not unclear, "\n".join(unclear)
+
+
+def test_data_folders_must_be_paths():
+    """A folder given as an int was taken by os.path for an open file descriptor (an
+    OverflowError for a large one)."""
+    for make in (ff.data.TextLM, ff.data.TextClassification, ff.data.TextRetrieval, ff.data.FashionMNIST):
+        for folder in (3, 10 ** 12, None):
+            with pytest.raises(TypeError, match="folder must be a path"):
+                make(folder)
 
 
 def test_load_parameters_checks_everything_before_copying_anything():

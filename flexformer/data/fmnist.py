@@ -14,7 +14,7 @@ from typing import Tuple
 
 import numpy as np
 
-from .._checks import check_int, check_split
+from .._checks import check_int, check_path, check_split
 from ..init import RngLike, as_generator
 
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
@@ -69,6 +69,7 @@ def load(folder: str = DEFAULT_DIR, split: str = "train") -> Tuple[np.ndarray, n
         A file is not an IDX file of 28 x 28 images or of labels 0..9, or the two files
         hold different numbers of examples.
     """
+    folder = check_path("folder", folder)
     if not os.path.isdir(folder):
         what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
         raise FileNotFoundError(f"Fashion-MNIST folder {folder} {what}: {HOW_TO_GET}")

@@ -96,7 +96,9 @@ class ListOps:
             raise ValueError(f"min_len must be at most seq_len = {self.seq_len}, got {self.min_len}")
         self.max_depth, self.max_args = check_int("max_depth", max_depth, 1), check_int("max_args", max_args, 2)
 
-    def sample(self, rng: np.random.Generator) -> Tuple[List[str], int]:
+    def sample(self, rng: RngLike) -> Tuple[List[str], int]:
+        """One expression's tokens and its value, drawn with ``rng`` (a Generator, or a seed)."""
+        rng = as_generator(rng)
         for _ in range(10000):
             budget = int(rng.integers(self.min_len, self.seq_len + 1))
             tree = random_tree(rng, budget, max_depth=self.max_depth, max_args=self.max_args)

@@ -11,13 +11,14 @@ from typing import List, Optional
 
 import numpy as np
 
-from .._checks import check_int, check_split
+from .._checks import check_int, check_path, check_split
 from ..init import RngLike, as_generator
 
 HOW_TO_GET = "pass --data-dir with plain-text (.txt) files, e.g. ../shared/data/austen"
 
 
 def text_files(folder: str) -> List[str]:
+    folder = check_path("folder", folder)
     if not os.path.isdir(folder):
         what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
         raise FileNotFoundError(f"text folder {folder} {what}: {HOW_TO_GET}")

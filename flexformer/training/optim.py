@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -102,7 +102,12 @@ class AdamW:
 
     def load_state(self, state: Dict[str, np.ndarray]) -> None:
         """Restore :meth:`state`; KeyError names a missing entry, ValueError a wrong shape or
-        a negative or non-finite value (never broadcast)."""
+        a negative or non-finite value (never broadcast), TypeError a ``state`` that is not a
+        mapping."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping of name to array (as state() gives), got {type(state).__name__}")
+        if "t" not in state:
+            raise KeyError("missing optimiser state 't'")
         t = np.asarray(state["t"])
         if t.shape != () or t.dtype.kind not in "iu" or int(t) < 0:
             raise ValueError(f"optimiser step t must be an integer >= 0, got {t!r}")
