@@ -256,6 +256,40 @@ def test_the_numpy_models_attention_options_carry_into_torch(tmp_path, option):
             assert np.abs(model(torch.from_numpy(ids)).numpy() - want).max() > 1e-6
 
 
+@pytest.mark.parametrize("sharing", ["headwise", "key-value", "layerwise"])
+def test_linformer_with_shared_projections_carries_into_torch(tmp_path, sharing):
+    """Linformer checkpoints with shared projections (refused before) load into torch: one
+    array per layer or one for the whole model, the same output and gradients as NumPy's
+    model, the shared array's gradient summed over its layers in both."""
+    from flexformer.torch.nn import numpy_names, numpy_parameters
+    cfg = TrainConfig(task="listops", attention="linformer", dim=16, depth=2, heads=2, seq_len=24, dtype="float64",
+                      seed=3, linformer_sharing=sharing)
+    np_model = model_for_config(cfg, 20, 10, 24)
+    rng = np.random.default_rng(0)
+    params = {n: v + 0.05 * rng.standard_normal(v.shape) for n, v in np_model.parameters().items()}
+    np_model.load_parameters(params)
+    save_checkpoint(str(tmp_path / "checkpoint.npz"), params, {}, {"step": 1, "config": cfg.__dict__})
+    model, cfg2 = from_numpy_checkpoint(str(tmp_path))
+    assert cfg2 == cfg and set(numpy_parameters(model)) == set(params)
+    ids = rng.integers(0, 20, (3, 24))
+    mask = np.ones((3, 24), bool)
+    mask[1, 15:] = False
+    want = np_model.forward(ids, mask)
+    dlogits = rng.standard_normal(want.shape)
+    np_model.zero_grad()
+    np_model.backward(dlogits)
+    out = model(torch.from_numpy(ids), torch.from_numpy(mask))
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-10, atol=1e-10)
+    out.backward(torch.from_numpy(dlogits))
+    np_grads, names = np_model.gradients(), numpy_names(model)
+    for name, p in model.named_parameters():
+        np_name, transposed = names[name]
+        got = p.grad.numpy().T if transposed else p.grad.numpy()
+        np.testing.assert_allclose(got, np_grads[np_name], rtol=1e-8, atol=1e-10, err_msg=name)
+    projections = [n for n in params if ".attn.attn." in n]
+    assert len(projections) == {"headwise": 4, "key-value": 2, "layerwise": 1}[sharing]
+
+
 def test_the_torch_layer_refuses_qk_norm_with_learn_scale():
     from flexformer.torch import MultiHeadAttention
     with pytest.raises(ValueError, match="qk_norm and learn_scale are alternatives"):

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .._checks import check_bool, check_int, check_positive
+from ..nn.attention import LINFORMER_SHARING
 from ..nn.core import check_short_conv
 from ..registry import get_attention
 from .functional import attention, check_backend
@@ -100,17 +101,31 @@ class KernelParams(nn.Module):
     kind's initialiser from the seed ``rng`` (in float32, or float64 for float64). With
     ``qk_norm`` or ``learn_scale`` also the per-head log length or log scale of queries and
     keys, ``qk_log_scale`` or ``log_scale`` (H,), as :class:`flexformer.nn.MultiHeadAttention`
-    names and starts them."""
+    names and starts them. Linformer's ``sharing`` is :class:`flexformer.nn.MultiHeadAttention`'s
+    ``linformer_sharing``: "headwise" keeps one (kp, Nmax) pair E, F for all heads, "key-value"
+    one array E for both, "layerwise" that array shared by every layer (``shared`` holds it;
+    the first layer's draw, as in NumPy)."""
 
     def __init__(self, kind: str, num_heads: int, head_dim: int, *, num_features: Optional[int] = None,
                  max_len: int = 512, kernel_init: Optional[dict] = None, rng: int = 0, qk_norm: bool = False,
-                 learn_scale: bool = False, device=None, dtype=None):
+                 learn_scale: bool = False, sharing: str = "none", shared: Optional[dict] = None, device=None,
+                 dtype=None):
         super().__init__()
         self.kind, self._init_args = kind, (num_heads, head_dim, num_features, max_len, dict(kernel_init or {}), rng)
         spec = get_attention(kind)
+        self.sharing = sharing if kind == "linformer" else "none"
+        self._owns_shared = True
         for name in spec.params:
+            if self.sharing in ("key-value", "layerwise") and name == "F":
+                continue  # F is E
+            if self.sharing == "layerwise" and shared is not None and "linformer" in shared:
+                setattr(self, name, shared["linformer"])  # another layer's draw
+                self._owns_shared = False
+                continue
             setattr(self, name, nn.Parameter(torch.empty(0, device=device, dtype=dtype),
                                              requires_grad=name in spec.learnable))
+            if self.sharing == "layerwise" and shared is not None:
+                shared["linformer"] = getattr(self, name)
         self.qk_mode = "norm" if qk_norm else "scale" if learn_scale else None
         if self.qk_mode is not None:
             setattr(self, self._scale_name, nn.Parameter(torch.empty(num_heads, device=device, dtype=dtype)))
@@ -128,14 +143,19 @@ class KernelParams(nn.Module):
         values = spec.init(heads, head_dim, num_features=num_features, max_len=max_len, rng=rng,
                            dtype=_numpy_dtype(first.dtype if first is not None else None), **options)
         for name in spec.params:
+            if self.sharing in ("key-value", "layerwise") and name == "F" or not self._owns_shared:
+                continue
             p = getattr(self, name)
-            p.data = torch.from_numpy(np.array(values[name])).to(device=p.device, dtype=p.dtype)
+            value = values[name][0] if self.sharing != "none" else values[name]  # one pair: the first head's
+            p.data = torch.from_numpy(np.array(value)).to(device=p.device, dtype=p.dtype)
         if self.qk_mode is not None:  # |q'|^2 = head size at the start (norm); the identity (scale)
             with torch.no_grad():
                 getattr(self, self._scale_name).fill_(0.5 * math.log(head_dim) if self.qk_mode == "norm" else 0.0)
 
     def values(self) -> Dict[str, torch.Tensor]:
         """The kind's parameters by name (what :func:`flexformer.torch.attention` takes)."""
+        if self.sharing in ("key-value", "layerwise"):
+            return {"E": self.E, "F": self.E}
         return {name: getattr(self, name) for name in get_attention(self.kind).params}
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
@@ -206,6 +226,10 @@ class MultiHeadAttention(nn.Module):
     qk_norm, learn_scale : bool, optional
         Queries and keys at a learned length per head, or scaled by a learned factor per
         head, before the kernel: as in :class:`flexformer.nn.MultiHeadAttention` (not both).
+    linformer_sharing : {"none", "headwise", "key-value", "layerwise"}, optional
+        Linformer's projections, as in :class:`flexformer.nn.MultiHeadAttention`;
+        "layerwise" shares the array held in ``shared`` (a dict the layers of one model
+        pass around; the first layer fills it).
     device, dtype : optional
         Factory arguments, as torch's layers take them.
 
@@ -229,7 +253,8 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, attention_kind: str = "flex_n", *, causal: bool = False,
                  max_len: int = 512, num_features: Optional[int] = None, kernel_init: Optional[dict] = None,
                  rng: int = 0, backend: str = "auto", short_conv: int = 0, eps: Optional[float] = None,
-                 qk_norm: bool = False, learn_scale: bool = False, device=None, dtype=None):
+                 qk_norm: bool = False, learn_scale: bool = False, linformer_sharing: str = "none",
+                 shared: Optional[dict] = None, device=None, dtype=None):
         super().__init__()
         dim, num_heads = check_int("dim", dim), check_int("num_heads", num_heads)
         if dim % num_heads:
@@ -241,6 +266,8 @@ class MultiHeadAttention(nn.Module):
         if qk_norm and learn_scale:
             raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
                              "choose one")
+        if linformer_sharing not in LINFORMER_SHARING:
+            raise ValueError(f"linformer_sharing must be one of {LINFORMER_SHARING}, got {linformer_sharing!r}")
         check_backend(backend)
         check_short_conv(short_conv, integer_types=int)
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
@@ -253,7 +280,7 @@ class MultiHeadAttention(nn.Module):
                 setattr(self, "conv_" + name, ShortConv(dim, short_conv, **factory))
         self.attn = KernelParams(attention_kind, num_heads, self.dh, num_features=num_features, max_len=max_len,
                                  kernel_init=kernel_init, rng=rng, qk_norm=qk_norm, learn_scale=learn_scale,
-                                 **factory)
+                                 sharing=linformer_sharing, shared=shared, **factory)
 
     def reset_parameters(self) -> None:
         for module in self.children():
@@ -324,17 +351,19 @@ class Backbone(nn.Module):
 
     def __init__(self, vocab, dim, depth, heads, max_len, attention_kind, *, causal, positional, mlp_ratio,
                  num_features, backend, kernel_init=None, short_conv=0, eps=None, qk_norm=False, learn_scale=False,
-                 device=None, dtype=None):
+                 linformer_sharing="none", device=None, dtype=None):
         super().__init__()
         if positional not in ("learned", "sinusoidal"):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
         factory = dict(device=device, dtype=dtype)
         self.embed = Embedding(vocab, dim, **factory)
         self.pos = PositionalEncoding(max_len, dim, learned=positional == "learned", **factory)
+        shared: dict = {}  # layerwise Linformer: the one projection every layer uses
         self.blocks = nn.ModuleList([Block(dim, heads, attention_kind, mlp_ratio=mlp_ratio, causal=causal,
                                            max_len=max_len, num_features=num_features, kernel_init=kernel_init, rng=i,
                                            backend=backend, short_conv=short_conv, eps=eps, qk_norm=qk_norm,
-                                           learn_scale=learn_scale, **factory)
+                                           learn_scale=learn_scale, linformer_sharing=linformer_sharing,
+                                           shared=shared, **factory)
                                      for i in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-5, **factory)
 
@@ -352,13 +381,13 @@ class _Model(nn.Module):
                  max_len: int = 512, attention: str = "flex_n", positional: str = "learned", mlp_ratio: int = 4,
                  num_features: Optional[int] = None, kernel_init: Optional[dict] = None, backend: str = "auto",
                  short_conv: int = 0, eps: Optional[float] = None, qk_norm: bool = False, learn_scale: bool = False,
-                 device=None, dtype=None):
+                 linformer_sharing: str = "none", device=None, dtype=None):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
         self.backbone = Backbone(vocab, dim, depth, heads, max_len, attention, causal=causal, positional=positional,
                                  mlp_ratio=mlp_ratio, num_features=num_features, backend=backend,
                                  kernel_init=kernel_init, short_conv=short_conv, eps=eps, qk_norm=qk_norm,
-                                 learn_scale=learn_scale, **factory)
+                                 learn_scale=learn_scale, linformer_sharing=linformer_sharing, **factory)
         self.head = Linear(dim, out_dim, **factory)
 
     def reset_parameters(self) -> None:
@@ -445,7 +474,7 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     Raises
     ------
     ValueError
-        A Linformer configuration with shared projections.
+        A retrieval configuration (the torch models have no two-tower classifier).
 
     Examples
     --------
@@ -455,15 +484,12 @@ def model_for_config(cfg, vocab: int, num_classes: Optional[int], max_len: int, 
     >>> type(model).__name__
     'EncoderClassifier'
     """
-    if cfg.linformer_sharing != "none":
-        raise ValueError("the torch models support Linformer with per-head projections only "
-                         f"(linformer_sharing 'none'), got {cfg.linformer_sharing!r}")
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     common = dict(dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, max_len=max_len, attention=cfg.attention,
                   positional=cfg.positional, num_features=cfg.num_features, kernel_init=cfg.kernel_init(),
                   short_conv=int(getattr(cfg, "short_conv", 0)), eps=getattr(cfg, "attention_eps", None),
                   qk_norm=bool(getattr(cfg, "qk_norm", False)), learn_scale=bool(getattr(cfg, "learn_scale", False)),
-                  dtype=dtype, backend=backend)
+                  linformer_sharing=cfg.linformer_sharing, dtype=dtype, backend=backend)
     if cfg.task == "text-lm":
         return CausalLM(vocab, **common)
     if cfg.task == "retrieval":
@@ -495,10 +521,13 @@ def numpy_names(model: nn.Module) -> Dict[str, Tuple[str, bool]]:
     >>> names["q.weight"], names["q.bias"], names["attn.omega"]
     (('q.W', True), ('q.b', False), ('attn.omega', False))
     """
-    names = {}
+    names, seen = {}, set()
     for prefix, module in model.named_modules():
         dot = prefix + "." if prefix else ""
-        for pname, _ in module.named_parameters(recurse=False):
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in seen:  # shared (layerwise Linformer): its first name, as named_parameters gives
+                continue
+            seen.add(id(p))
             if isinstance(module, nn.Linear):
                 names[dot + pname] = (dot + {"weight": "W", "bias": "b"}[pname], pname == "weight")
             elif isinstance(module, nn.LayerNorm):

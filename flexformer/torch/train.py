@@ -43,7 +43,7 @@ from .nn import load_numpy_parameters, model_for_config, numpy_names, save_numpy
 OPTIONS = ("task", "attention", "dim", "depth", "heads", "num_features", "positional", "seq_len", "steps",
            "batch_size", "lr", "weight_decay", "warmup", "clip", "seed", "dtype", "data_dir", "eval_batches",
            "threads", "kernel_init_scale", "kernel_init_spread", "kernel_init_match_tau", "short_conv",
-           "attention_eps", "qk_norm", "learn_scale")
+           "attention_eps", "qk_norm", "learn_scale", "linformer_sharing")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
