@@ -69,7 +69,7 @@ def numerical_gradient(loss: Callable[[], float], x: np.ndarray, step: float = 1
     if not (isinstance(x, np.ndarray) and x.dtype.newbyteorder("=") == np.float64):
         raise TypeError(f"x must be a float64 NumPy array (the one loss reads, perturbed in place), got "
                         f"{type(x).__name__}{'' if not isinstance(x, np.ndarray) else ' of ' + str(x.dtype)}")
-    step = _check_settings(step)[0]
+    step = check_positive("step", step)
     if not x.flags.writeable:
         raise ValueError("x must be writeable: it is perturbed in place (and restored)")
     grad = np.zeros_like(x, dtype=np.float64)

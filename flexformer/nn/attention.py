@@ -15,6 +15,19 @@ from .core import MLP, LayerNorm, Linear, Module, Parameter, ShortConv, check_in
 LINFORMER_SHARING = ("none", "headwise", "key-value", "layerwise")
 
 
+def check_layer_options(qk_norm, learn_scale, linformer_sharing):
+    """``(qk_norm, learn_scale, linformer_sharing)`` as this layer and the torch one take
+    them: two bools, not both True, and one of :data:`LINFORMER_SHARING`; TypeError or
+    ValueError naming the one that is off."""
+    qk_norm, learn_scale = check_bool("qk_norm", qk_norm), check_bool("learn_scale", learn_scale)
+    if qk_norm and learn_scale:
+        raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
+                         "choose one")
+    if linformer_sharing not in LINFORMER_SHARING:
+        raise ValueError(f"linformer_sharing must be one of {LINFORMER_SHARING}, got {linformer_sharing!r}")
+    return qk_norm, learn_scale, linformer_sharing
+
+
 class MultiHeadAttention(Module):
     """Q/K/V/output projections around one attention kind of :mod:`flexformer.registry`.
 
@@ -82,22 +95,17 @@ class MultiHeadAttention(Module):
         super().__init__()
         dim, num_heads, dtype = check_int("dim", dim), check_int("num_heads", num_heads), check_float_dtype(dtype)
         max_len = check_int("max_len", max_len)
-        causal, qk_norm, learn_scale = (check_bool(name, value) for name, value in
-                                        (("causal", causal), ("qk_norm", qk_norm), ("learn_scale", learn_scale)))
+        causal = check_bool("causal", causal)
+        qk_norm, learn_scale, linformer_sharing = check_layer_options(qk_norm, learn_scale, linformer_sharing)
         eps = check_positive("eps", eps, optional=True)
         rng = as_generator(rng)
         short_conv = check_short_conv(short_conv)
-        if qk_norm and learn_scale:
-            raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
-                             "choose one")
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.kind = get_attention(attention)
         if causal and not self.kind.causal:
             raise ValueError(f"attention {attention!r} has no causal mode; choose another kind for a "
                              f"causal model")
-        if linformer_sharing not in LINFORMER_SHARING:
-            raise ValueError(f"linformer_sharing must be one of {LINFORMER_SHARING}, got {linformer_sharing!r}")
         self.dim, self.heads, self.causal = dim, num_heads, causal
         self.dh = dim // num_heads
         self.q = self.add_child("q", Linear(dim, dim, rng, dtype=dtype))

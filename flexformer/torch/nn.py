@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._checks import check_bool, check_int, check_positive
-from ..nn.attention import LINFORMER_SHARING
+from .._checks import check_int, check_positive
+from ..nn.attention import check_layer_options
 from ..nn.core import check_short_conv
 from ..registry import get_attention
 from .functional import attention, check_backend
@@ -143,8 +143,8 @@ class KernelParams(nn.Module):
         values = spec.init(heads, head_dim, num_features=num_features, max_len=max_len, rng=rng,
                            dtype=_numpy_dtype(first.dtype if first is not None else None), **options)
         for name in spec.params:
-            if self.sharing in ("key-value", "layerwise") and name == "F" or not self._owns_shared:
-                continue
+            if not self._owns_shared or (self.sharing in ("key-value", "layerwise") and name == "F"):
+                continue  # another layer draws the shared array; F is E
             p = getattr(self, name)
             value = values[name][0] if self.sharing != "none" else values[name]  # one pair: the first head's
             p.data = torch.from_numpy(np.array(value)).to(device=p.device, dtype=p.dtype)
@@ -262,12 +262,7 @@ class MultiHeadAttention(nn.Module):
         spec = get_attention(attention_kind)  # a ValueError naming the kinds, before any allocation
         eps = check_positive("eps", eps, optional=True)
         self.eps = eps if spec.key_state else None
-        qk_norm, learn_scale = check_bool("qk_norm", qk_norm), check_bool("learn_scale", learn_scale)
-        if qk_norm and learn_scale:
-            raise ValueError("qk_norm and learn_scale are alternatives (qk_norm learns a length of its own); "
-                             "choose one")
-        if linformer_sharing not in LINFORMER_SHARING:
-            raise ValueError(f"linformer_sharing must be one of {LINFORMER_SHARING}, got {linformer_sharing!r}")
+        qk_norm, learn_scale, linformer_sharing = check_layer_options(qk_norm, learn_scale, linformer_sharing)
         check_backend(backend)
         check_short_conv(short_conv, integer_types=int)
         self.kind, self.heads, self.dh, self.causal, self.backend = attention_kind, num_heads, dim // num_heads, causal, backend
