@@ -216,27 +216,30 @@ def test_the_guard_eps_reaches_both_paths(kind, causal):
         attention(kind, q, k, v, params, eps=-1.0)
 
 
-@pytest.mark.parametrize("option", [{"attention_eps": 0.5}, {"qk_norm": True}, {"learn_scale": True}])
-def test_the_numpy_models_attention_options_carry_into_torch(tmp_path, option):
-    """A checkpoint trained with --attention-eps, --qk-norm or --learn-scale loads into
-    torch (such configurations were refused) and gives the NumPy model's output and every
-    parameter's gradient (the learned lengths and scales too)."""
+def _numpy_checkpoint_in_torch(tmp_path, cfg, vocab, classes):
+    """The NumPy model of ``cfg`` with every parameter moved off its start, written as a
+    checkpoint and loaded into torch; checks that the torch model gives the NumPy model's
+    output and every parameter's gradient (float64). Returns (NumPy model, torch model,
+    NumPy parameters, ids, NumPy output)."""
     from flexformer.torch.nn import numpy_names
-    cfg = TrainConfig(task="text-lm", attention="flex_n", dim=16, depth=1, heads=2, seq_len=24, dtype="float64",
-                      positional="sinusoidal", seed=3, **option)
-    np_model = model_for_config(cfg, 256, None, 24)
+    np_model = model_for_config(cfg, vocab, classes, 24)
     rng = np.random.default_rng(0)
     params = {n: v + 0.05 * rng.standard_normal(v.shape) for n, v in np_model.parameters().items()}
     np_model.load_parameters(params)
     save_checkpoint(str(tmp_path / "checkpoint.npz"), params, {}, {"step": 1, "config": cfg.__dict__})
     model, cfg2 = from_numpy_checkpoint(str(tmp_path))
     assert cfg2 == cfg
-    ids = rng.integers(0, 256, (2, 24))
-    want = np_model.forward(ids)
+    ids = rng.integers(0, vocab, (3 if classes else 2, 24))
+    inputs = (ids,)
+    if classes:
+        mask = np.ones((3, 24), bool)
+        mask[1, 15:] = False
+        inputs = (ids, mask)
+    want = np_model.forward(*inputs)
     dlogits = rng.standard_normal(want.shape)
     np_model.zero_grad()
     np_model.backward(dlogits)
-    out = model(torch.from_numpy(ids))
+    out = model(*(torch.from_numpy(x) for x in inputs))
     np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-10, atol=1e-10)
     out.backward(torch.from_numpy(dlogits))
     np_grads, names = np_model.gradients(), numpy_names(model)
@@ -247,7 +250,18 @@ def test_the_numpy_models_attention_options_carry_into_torch(tmp_path, option):
             continue
         got = p.grad.numpy().T if transposed else p.grad.numpy()
         np.testing.assert_allclose(got, np_grads[np_name], rtol=1e-8, atol=1e-10, err_msg=name)
-    scale_names = [n for n in np_grads if n.endswith(("qk_log_scale", ".log_scale"))]
+    return np_model, model, params, ids, want
+
+
+@pytest.mark.parametrize("option", [{"attention_eps": 0.5}, {"qk_norm": True}, {"learn_scale": True}])
+def test_the_numpy_models_attention_options_carry_into_torch(tmp_path, option):
+    """A checkpoint trained with --attention-eps, --qk-norm or --learn-scale loads into
+    torch (such configurations were refused) and gives the NumPy model's output and every
+    parameter's gradient (the learned lengths and scales too)."""
+    cfg = TrainConfig(task="text-lm", attention="flex_n", dim=16, depth=1, heads=2, seq_len=24, dtype="float64",
+                      positional="sinusoidal", seed=3, **option)
+    np_model, model, params, ids, want = _numpy_checkpoint_in_torch(tmp_path, cfg, 256, None)
+    scale_names = [n for n in params if n.endswith(("qk_log_scale", ".log_scale"))]
     assert len(scale_names) == (0 if "attention_eps" in option else 1)
     if "attention_eps" in option:  # the guard is what was compared
         assert np_model.backbone.blocks[0].attn.guard_count.sum() > 0
@@ -261,31 +275,12 @@ def test_linformer_with_shared_projections_carries_into_torch(tmp_path, sharing)
     """Linformer checkpoints with shared projections (refused before) load into torch: one
     array per layer or one for the whole model, the same output and gradients as NumPy's
     model, the shared array's gradient summed over its layers in both."""
-    from flexformer.torch.nn import numpy_names, numpy_parameters
+    from flexformer.torch.nn import numpy_parameters
     cfg = TrainConfig(task="listops", attention="linformer", dim=16, depth=2, heads=2, seq_len=24, dtype="float64",
                       seed=3, linformer_sharing=sharing)
-    np_model = model_for_config(cfg, 20, 10, 24)
-    rng = np.random.default_rng(0)
-    params = {n: v + 0.05 * rng.standard_normal(v.shape) for n, v in np_model.parameters().items()}
-    np_model.load_parameters(params)
-    save_checkpoint(str(tmp_path / "checkpoint.npz"), params, {}, {"step": 1, "config": cfg.__dict__})
-    model, cfg2 = from_numpy_checkpoint(str(tmp_path))
-    assert cfg2 == cfg and set(numpy_parameters(model)) == set(params)
-    ids = rng.integers(0, 20, (3, 24))
-    mask = np.ones((3, 24), bool)
-    mask[1, 15:] = False
-    want = np_model.forward(ids, mask)
-    dlogits = rng.standard_normal(want.shape)
-    np_model.zero_grad()
-    np_model.backward(dlogits)
-    out = model(torch.from_numpy(ids), torch.from_numpy(mask))
-    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-10, atol=1e-10)
-    out.backward(torch.from_numpy(dlogits))
-    np_grads, names = np_model.gradients(), numpy_names(model)
-    for name, p in model.named_parameters():
-        np_name, transposed = names[name]
-        got = p.grad.numpy().T if transposed else p.grad.numpy()
-        np.testing.assert_allclose(got, np_grads[np_name], rtol=1e-8, atol=1e-10, err_msg=name)
+    _, model, params, _, _ = _numpy_checkpoint_in_torch(tmp_path, cfg, 20, 10)
+    assert set(numpy_parameters(model)) == set(params)
+    assert all(p.grad is not None for p in model.parameters())  # every one compared with NumPy's
     projections = [n for n in params if ".attn.attn." in n]
     assert len(projections) == {"headwise": 4, "key-value": 2, "layerwise": 1}[sharing]
 
